@@ -1,0 +1,182 @@
+"""A functional paged KV cache.
+
+Every layer's keys and values live in one pool of fixed-size pages; each batch row
+owns a list of pages (its page table) and a length. All operations are pure
+functions returning a new cache, so the cache threads through ``lax.while_loop``.
+
+Layout ``[L, KVH, P, page_size, D]`` (layers, KV heads, pages, slots, head dim)
+follows JAX's Pallas ``paged_attention`` op: one KV head's pages are contiguous,
+which is what a kernel that streams a head's pages wants.
+
+Pages are handed out on the host at admission (:func:`allocate_page_table`) from a
+static budget; a request that does not fit is refused there with
+:class:`KVCacheExhaustedError`. Inside the compiled loop nothing allocates: writes
+past a row's allocation are dropped (``mode='drop'``), never redirected onto
+another row's page, and the decode loop stops a row before it reaches that point.
+
+Speculative decoding writes T candidate positions after ``lengths`` and later
+keeps a subset of them (the accepted path): :func:`commit` moves that subset to
+the front of the block, in order, and advances the length; the rest becomes
+overshoot that later writes overwrite.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+
+class KVCacheExhaustedError(RuntimeError):
+    """A request needs more KV pages than the static budget has left."""
+
+
+@struct.dataclass
+class PagedKVCache:
+    k_pages: jax.Array      # [L, KVH, P, page_size, D]
+    v_pages: jax.Array      # [L, KVH, P, page_size, D]
+    page_table: jax.Array   # [B, max_pages_per_row] int32; unallocated entries = P (out of range)
+    lengths: jax.Array      # [B] int32: committed positions per row
+    capacity: jax.Array     # [B] int32: allocated slots per row (pages * page_size)
+
+    @property
+    def num_pages(self) -> int:
+        return self.k_pages.shape[2]
+
+    @property
+    def page_size(self) -> int:
+        return self.k_pages.shape[3]
+
+    @property
+    def max_len(self) -> int:
+        """Positions addressable by one row's page table."""
+        return self.page_table.shape[1] * self.page_size
+
+
+def pages_needed(num_tokens: int, page_size: int) -> int:
+    return max(1, math.ceil(num_tokens / page_size))
+
+
+def allocate_page_table(tokens_per_row, page_size: int, num_pages: int,
+                        max_pages_per_row: int | None = None) -> np.ndarray:
+    """Hand out pages for each row from a pool of ``num_pages``; host side, at admission.
+
+    Raises :class:`KVCacheExhaustedError` naming the row that does not fit.
+    """
+    need = [pages_needed(int(n), page_size) for n in tokens_per_row]
+    if max_pages_per_row is None:
+        max_pages_per_row = max(need)
+    table = np.full((len(need), max_pages_per_row), num_pages, np.int32)
+    nxt = 0
+    for row, n in enumerate(need):
+        if n > max_pages_per_row:
+            raise KVCacheExhaustedError(
+                f"row {row} needs {n} pages of {page_size} slots ({tokens_per_row[row]} tokens) but "
+                f"a row may hold at most {max_pages_per_row} pages")
+        if nxt + n > num_pages:
+            raise KVCacheExhaustedError(
+                f"KV cache exhausted: row {row} needs {n} pages of {page_size} slots for "
+                f"{tokens_per_row[row]} tokens, but only {num_pages - nxt} of {num_pages} pages are "
+                f"free. Raise num_pages, lower max_new_tokens or the batch size.")
+        table[row, :n] = np.arange(nxt, nxt + n, dtype=np.int32)
+        nxt += n
+    return table
+
+
+def init_cache(num_layers: int, num_kv_heads: int, head_dim: int, page_table,
+               num_pages: int, page_size: int, dtype=jnp.float32) -> PagedKVCache:
+    page_table = jnp.asarray(page_table, jnp.int32)
+    shape = (num_layers, num_kv_heads, num_pages, page_size, head_dim)
+    capacity = jnp.sum(page_table < num_pages, axis=1, dtype=jnp.int32) * page_size
+    return PagedKVCache(
+        k_pages=jnp.zeros(shape, dtype), v_pages=jnp.zeros(shape, dtype),
+        page_table=page_table, lengths=jnp.zeros(page_table.shape[:1], jnp.int32),
+        capacity=capacity)
+
+
+def _slots(cache: PagedKVCache, positions: jax.Array) -> jax.Array:
+    """Flat slot index of absolute positions ``[B, T]``; out-of-allocation -> P*page_size."""
+    ps = cache.page_size
+    oob = cache.num_pages * ps
+    page_idx = positions // ps
+    in_table = (positions >= 0) & (page_idx < cache.page_table.shape[1])
+    page = jnp.take_along_axis(cache.page_table, jnp.clip(page_idx, 0, cache.page_table.shape[1] - 1),
+                               axis=1)
+    slot = page * ps + positions % ps
+    ok = in_table & (positions < cache.capacity[:, None]) & (page < cache.num_pages)
+    return jnp.where(ok, slot, oob)
+
+
+def _flat(pages: jax.Array) -> jax.Array:
+    L, H, P, S, D = pages.shape
+    return pages.reshape(L, H, P * S, D)
+
+
+def write_layer(cache: PagedKVCache, layer: int, k: jax.Array, v: jax.Array,
+                valid: jax.Array | None = None) -> PagedKVCache:
+    """Write ``k, v: [B, T, KVH, D]`` of one layer at positions ``lengths + t``.
+
+    ``valid: [B, T]`` masks positions that must not be written (ragged blocks).
+    Does not change ``lengths``.
+    """
+    B, T = k.shape[:2]
+    pos = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+    slots = _slots(cache, pos)
+    if valid is not None:
+        slots = jnp.where(valid, slots, cache.num_pages * cache.page_size)
+    slots = slots.reshape(B * T)
+    shape = cache.k_pages.shape
+
+    def put(pages, x):
+        # layer (int) and slots (array) are both advanced indices split by a slice,
+        # so numpy rules put the indexed axis first: the update is [B*T, KVH, D].
+        x = x.reshape(B * T, *x.shape[2:]).astype(pages.dtype)
+        flat = _flat(pages).at[layer, :, slots].set(x, mode="drop")
+        return flat.reshape(shape)
+
+    return cache.replace(k_pages=put(cache.k_pages, k), v_pages=put(cache.v_pages, v))
+
+
+def read_layer(cache: PagedKVCache, layer: int) -> tuple[jax.Array, jax.Array]:
+    """All of a row's addressable slots for one layer: ``[B, KVH, max_len, D]`` each.
+
+    Slots past ``lengths`` (or never allocated) hold garbage; callers mask them.
+    """
+    def get(pages):
+        p = pages[layer]                                 # [KVH, P, S, D]
+        g = jnp.take(p, cache.page_table, axis=1, mode="clip")  # [KVH, B, maxp, S, D]
+        H, B, M, S, D = g.shape
+        return g.reshape(H, B, M * S, D).swapaxes(0, 1)
+    return get(cache.k_pages), get(cache.v_pages)
+
+
+def advance(cache: PagedKVCache, n: jax.Array) -> PagedKVCache:
+    return cache.replace(lengths=cache.lengths + jnp.asarray(n, jnp.int32))
+
+
+def commit(cache: PagedKVCache, keep: jax.Array, num_keep: jax.Array) -> PagedKVCache:
+    """Keep a subset of the block written after ``lengths`` and advance past it.
+
+    ``keep: [B, A]`` are offsets into that block (ascending along the accepted path),
+    ``num_keep: [B]`` how many of them are real. Slot ``lengths + keep[j]`` moves to
+    ``lengths + j`` for ``j < num_keep`` in every layer; then ``lengths += num_keep``.
+    All sources are read before any destination is written, so overlapping moves are safe.
+    """
+    A = keep.shape[1]
+    j = jnp.arange(A, dtype=jnp.int32)[None]
+    src = _slots(cache, cache.lengths[:, None] + keep.astype(jnp.int32))
+    dst = _slots(cache, cache.lengths[:, None] + j)
+    dst = jnp.where(j < num_keep[:, None], dst, cache.num_pages * cache.page_size)
+    src, dst = src.reshape(-1), dst.reshape(-1)
+    shape = cache.k_pages.shape
+
+    def move(pages):
+        flat = _flat(pages)
+        vals = jnp.take(flat, src, axis=2, mode="clip")   # [L, KVH, B*A, D]
+        return flat.at[:, :, dst].set(vals, mode="drop").reshape(shape)
+
+    return cache.replace(k_pages=move(cache.k_pages), v_pages=move(cache.v_pages),
+                         lengths=cache.lengths + num_keep.astype(jnp.int32))
