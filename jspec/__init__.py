@@ -1,0 +1,16 @@
+"""jspec: speculative decoding for JAX."""
+
+from jspec.config import ConfigError, LlamaConfig, RopeConfig
+from jspec.generate import GenerationResult, generate
+from jspec.kv_cache import KVCacheExhaustedError
+from jspec.sampling import SamplingConfig
+from jspec.target import Target
+
+__all__ = ["ConfigError", "LlamaConfig", "RopeConfig", "GenerationResult", "generate",
+           "KVCacheExhaustedError", "SamplingConfig", "Target", "load_target"]
+
+
+def load_target(path, dtype=None, tokenizer=None) -> Target:
+    """Load a target from an HF directory, a jspec Orbax directory or a llama2.c ``.bin``."""
+    from jspec.checkpoint import load_target as _load
+    return _load(path, dtype=dtype, tokenizer=tokenizer)

@@ -29,6 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jspec.shapes import Float, Int
+
 
 class KVCacheExhaustedError(RuntimeError):
     """A request needs more KV pages than the static budget has left."""
@@ -36,11 +38,11 @@ class KVCacheExhaustedError(RuntimeError):
 
 @struct.dataclass
 class PagedKVCache:
-    k_pages: jax.Array      # [L, KVH, P, page_size, D]
-    v_pages: jax.Array      # [L, KVH, P, page_size, D]
-    page_table: jax.Array   # [B, max_pages_per_row] int32; unallocated entries = P (out of range)
-    lengths: jax.Array      # [B] int32: committed positions per row
-    capacity: jax.Array     # [B] int32: allocated slots per row (pages * page_size)
+    k_pages: Float["L KVH P page_size D"]
+    v_pages: Float["L KVH P page_size D"]
+    page_table: Int["B max_pages"]  # unallocated entries hold P (out of range)
+    lengths: Int["B"]               # committed positions per row
+    capacity: Int["B"]              # allocated slots per row (pages * page_size)
 
     @property
     def num_pages(self) -> int:

@@ -1,0 +1,123 @@
+"""Plain (non-speculative) decoding: prefill + decode as one compiled program.
+
+:class:`PlainDecoder` holds only static, hashable settings and is jitted with
+``static_argnames=('self',)``: two equal decoders share one compiled program, so a
+second ``generate`` call with the same static shapes does not recompile. Every
+per-request value (prompts, lengths, stop ids, limits, keys) is a traced argument.
+
+The decode loop is one ``lax.while_loop`` that stops when every row is done; a row
+is done on a stop id, at its own ``max_new`` limit, or when its KV allocation is
+full. Done rows ride along without writing to the cache or emitting tokens.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jspec import kv_cache as kvc
+from jspec.config import LlamaConfig
+from jspec.llama import Llama
+from jspec.sampling import SamplingConfig, sample
+from jspec.shapes import Bool, Int, Key
+
+# Incremented at trace time: tests read it to prove that calls do not recompile.
+TRACE_COUNTS: collections.Counter = collections.Counter()
+
+RUNNING, STOP_TOKEN, MAX_NEW_TOKENS, CACHE_FULL = 0, 1, 2, 3
+STOP_REASONS = {RUNNING: "running", STOP_TOKEN: "stop_token",
+                MAX_NEW_TOKENS: "max_new_tokens", CACHE_FULL: "cache_full"}
+
+
+@struct.dataclass
+class DecodeState:
+    cache: kvc.PagedKVCache
+    tokens: Int["B max_new"]        # generated ids; entries past num_generated are 0
+    num_generated: Int["B"]
+    last_token: Int["B"]            # the next token to feed
+    done: Bool["B"]
+    stop_reason: Int["B"]           # one of STOP_REASONS
+    row_keys: Key["B"]              # one PRNG key per row: a row samples the same alone or batched
+    step: Int[""]
+
+
+def emit(state: DecodeState, tok: jax.Array, stop_ids: jax.Array, max_new: jax.Array) -> DecodeState:
+    """Append ``tok`` to every running row and update done flags."""
+    live = ~state.done
+    B = tok.shape[0]
+    idx = jnp.where(live, state.num_generated, state.tokens.shape[1])
+    tokens = state.tokens.at[jnp.arange(B), idx].set(tok, mode="drop")
+    n = state.num_generated + live.astype(jnp.int32)
+    hit_stop = jnp.any(tok[:, None] == stop_ids, axis=1)
+    # The next token needs one more cache slot.
+    full = state.cache.lengths + 1 > state.cache.capacity
+    reason = jnp.where(hit_stop, STOP_TOKEN,
+                       jnp.where(n >= max_new, MAX_NEW_TOKENS,
+                                 jnp.where(full, CACHE_FULL, RUNNING)))
+    reason = jnp.where(live, reason, state.stop_reason)
+    return state.replace(tokens=tokens, num_generated=n, last_token=jnp.where(live, tok, state.last_token),
+                         done=state.done | (reason != RUNNING), stop_reason=reason)
+
+
+def row_step_keys(state: DecodeState) -> jax.Array:
+    return jax.vmap(jax.random.fold_in)(state.row_keys, state.num_generated)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlainDecoder:
+    config: LlamaConfig
+    sampling: SamplingConfig
+    max_new_tokens: int   # static width of the output buffer
+    page_size: int
+    num_pages: int
+
+    @property
+    def model(self) -> Llama:
+        return Llama(self.config)
+
+    def prefill(self, params, prompt, prompt_lens, cache):
+        """Run the padded prompt block; returns last-position logits and the cache."""
+        B, T = prompt.shape
+        pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        valid = pos < prompt_lens[:, None]
+        hidden, _, cache = self.model.apply({"params": params}, prompt, pos, cache, valid=valid)
+        last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
+        logits = self.model.apply({"params": params}, last, method=Llama.logits)
+        return logits, cache.replace(lengths=prompt_lens.astype(jnp.int32))
+
+    @functools.partial(jax.jit, static_argnames=("self",))
+    def run(self, params, prompt, prompt_lens, page_table, stop_ids, max_new, key) -> DecodeState:
+        """``prompt [B, T]`` right-padded; ``page_table [B, max_pages]``; ``stop_ids [B, S]``
+        padded with -1; ``max_new [B]``; ``key`` one PRNG key."""
+        TRACE_COUNTS["plain"] += 1
+        c = self.config
+        B = prompt.shape[0]
+        cache = kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, page_table,
+                               self.num_pages, self.page_size, c.dtype)
+        logits, cache = self.prefill(params, prompt, prompt_lens, cache)
+        state = DecodeState(
+            cache=cache, tokens=jnp.zeros((B, self.max_new_tokens), jnp.int32),
+            num_generated=jnp.zeros((B,), jnp.int32), last_token=jnp.zeros((B,), jnp.int32),
+            done=max_new <= 0, stop_reason=jnp.where(max_new <= 0, MAX_NEW_TOKENS, RUNNING),
+            row_keys=jax.random.split(key, B), step=jnp.zeros((), jnp.int32))
+        state = emit(state, sample(logits, row_step_keys(state), self.sampling), stop_ids, max_new)
+
+        def cond(s):
+            return ~jnp.all(s.done)
+
+        def body(s: DecodeState) -> DecodeState:
+            live = ~s.done
+            tok = s.last_token[:, None]
+            pos = s.cache.lengths[:, None]
+            hidden, _, cache = self.model.apply({"params": params}, tok, pos, s.cache,
+                                                valid=live[:, None])
+            logits = self.model.apply({"params": params}, hidden[:, 0], method=Llama.logits)
+            s = s.replace(cache=kvc.advance(cache, live.astype(jnp.int32)), step=s.step + 1)
+            return emit(s, sample(logits, row_step_keys(s), self.sampling), stop_ids, max_new)
+
+        return jax.lax.while_loop(cond, body, state)

@@ -1,0 +1,143 @@
+"""``jspec.generate``: the public entry point.
+
+Everything that can be wrong with a request is checked here, on the host, before
+anything is traced or compiled: empty prompts, ids outside the vocabulary, prompts
+that do not fit the cache, a KV page budget that cannot hold the batch.
+
+Static shapes are bucketed so that calls of the same batch size, similar prompt
+lengths and the same ``max_new_tokens`` reuse one compiled program: the prompt
+block is padded up to a multiple of ``prompt_bucket``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec import kv_cache as kvc
+from jspec.decode import STOP_REASONS, PlainDecoder
+from jspec.sampling import SamplingConfig
+from jspec.target import Target
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    tokens: list[list[int]]          # generated ids per row (a stop id, when hit, is included)
+    stats: list[dict]                # per row: prompt_len, new_tokens, iterations, stop_reason
+    text: list[str] | None = None    # decoded continuations, when the target has a tokenizer
+    wall_s: float = 0.0              # whole call, including any compilation
+    tokens_per_s: float = 0.0        # generated tokens / wall_s
+
+    def summary(self) -> dict:
+        return {"rows": len(self.tokens), "new_tokens": sum(map(len, self.tokens)),
+                "wall_s": self.wall_s, "tokens_per_s": self.tokens_per_s}
+
+
+def _as_id_lists(target: Target, prompts) -> tuple[list[list[int]], bool]:
+    if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
+                                    and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    if isinstance(prompts, np.ndarray):
+        prompts = prompts.tolist() if prompts.ndim == 2 else [prompts.tolist()]
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("generate() needs at least one prompt")
+    is_text = isinstance(prompts[0], str)
+    if is_text:
+        if target.tokenizer is None:
+            raise ValueError("text prompts need a target with a tokenizer; pass token ids instead")
+        ids = [target.tokenizer.encode(p) for p in prompts]
+    else:
+        ids = [[int(t) for t in p] for p in prompts]
+    V = target.config.vocab_size
+    for r, p in enumerate(ids):
+        if not p:
+            raise ValueError(f"prompt {r} is empty: a prompt needs at least one token (e.g. BOS)")
+        bad = [t for t in p if not 0 <= t < V]
+        if bad:
+            raise ValueError(f"prompt {r} has token id {bad[0]} outside the vocabulary [0, {V})")
+    return ids, is_text
+
+
+def _stop_ids(target: Target, stop_ids, B: int) -> np.ndarray:
+    if stop_ids is None:
+        stop_ids = list(target.config.eos_token_ids)
+    if stop_ids and isinstance(stop_ids[0], (list, tuple)):
+        if len(stop_ids) != B:
+            raise ValueError(f"per-row stop_ids has {len(stop_ids)} rows for {B} prompts")
+        rows = [list(r) for r in stop_ids]
+    else:
+        rows = [list(stop_ids)] * B
+    width = max(1, max(len(r) for r in rows))
+    out = np.full((B, width), -1, np.int32)
+    for b, r in enumerate(rows):
+        out[b, :len(r)] = r
+    return out
+
+
+def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             key: jax.Array | None = None, stop_ids=None, max_len: int | None = None,
+             page_size: int = 16, num_pages: int | None = None,
+             prompt_bucket: int = 16) -> GenerationResult:
+    """Generate continuations of ``prompts`` with the target alone.
+
+    ``prompts``: one prompt or a list; each a string (needs a tokenizer) or token ids.
+    ``max_new_tokens``: one limit or one per row. ``stop_ids``: ids that end a row
+    (default: the config's EOS ids), or one list per row. ``key`` (or ``seed``) drives
+    sampling; each row draws from its own key, so a row samples the same alone or in a batch.
+    ``max_len``: KV slots per row (default: padded prompt + max_new_tokens). ``num_pages``:
+    the page budget (default: enough for every row at ``max_len``).
+    """
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    ids, is_text = _as_id_lists(target, prompts)
+    B = len(ids)
+    lens = np.array([len(p) for p in ids], np.int32)
+    limits = np.broadcast_to(np.asarray(max_new_tokens, np.int64), (B,)).astype(np.int32)
+    if np.any(limits < 0):
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    cap_new = max(1, int(limits.max()))
+    T = int(math.ceil(lens.max() / prompt_bucket) * prompt_bucket)
+    if max_len is None:
+        max_len = T + cap_new
+    for r in range(B):
+        if lens[r] + limits[r] > max_len:
+            raise ValueError(
+                f"prompt {r} has {lens[r]} tokens and asks for {limits[r]} new ones, more than "
+                f"the cache length max_len={max_len}")
+    max_pages = kvc.pages_needed(max_len, page_size)
+    if num_pages is None:
+        num_pages = B * max_pages
+    # The prefill writes only real prompt positions (padding is masked), so a row needs
+    # its prompt plus its new tokens.
+    need = [int(lens[r] + limits[r]) for r in range(B)]
+    page_table = kvc.allocate_page_table(need, page_size, num_pages, max_pages)
+
+    prompt = np.zeros((B, T), np.int32)
+    for r, p in enumerate(ids):
+        prompt[r, :len(p)] = p
+    if key is None:
+        key = jax.random.key(seed)
+
+    dec = PlainDecoder(target.config, sampling, cap_new, page_size, num_pages)
+    t0 = time.perf_counter()
+    state = dec.run(target.params, jnp.asarray(prompt), jnp.asarray(lens), jnp.asarray(page_table),
+                    jnp.asarray(_stop_ids(target, stop_ids, B)), jnp.asarray(limits), key)
+    toks, n, reasons = jax.device_get((state.tokens, state.num_generated, state.stop_reason))
+    wall = time.perf_counter() - t0
+
+    tokens = [toks[r, :n[r]].tolist() for r in range(B)]
+    stats = [{"prompt_len": int(lens[r]), "new_tokens": int(n[r]), "iterations": int(n[r]),
+              "stop_reason": STOP_REASONS[int(reasons[r])]} for r in range(B)]
+    text = None
+    if target.tokenizer is not None:
+        text = [target.tokenizer.decode(t) for t in tokens]
+    total = int(n.sum())
+    return GenerationResult(tokens=tokens, stats=stats, text=text, wall_s=wall,
+                            tokens_per_s=total / wall if wall > 0 else 0.0)
