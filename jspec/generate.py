@@ -23,6 +23,7 @@ import numpy as np
 from jspec import kv_cache as kvc
 from jspec.decode import STOP_REASONS, PlainDecoder
 from jspec.sampling import SamplingConfig
+from jspec.sharding import batch_sharding
 from jspec.target import Target
 
 
@@ -85,7 +86,7 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              key: jax.Array | None = None, stop_ids=None, max_len: int | None = None,
              page_size: int = 16, num_pages: int | None = None,
-             prompt_bucket: int = 16) -> GenerationResult:
+             prompt_bucket: int = 16, mesh=None) -> GenerationResult:
     """Generate continuations of ``prompts`` with the target alone.
 
     ``prompts``: one prompt or a list; each a string (needs a tokenizer) or token ids.
@@ -93,7 +94,9 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     (default: the config's EOS ids), or one list per row. ``key`` (or ``seed``) drives
     sampling; each row draws from its own key, so a row samples the same alone or in a batch.
     ``max_len``: KV slots per row (default: padded prompt + max_new_tokens). ``num_pages``:
-    the page budget (default: enough for every row at ``max_len``).
+    the page budget (default: enough for every row at ``max_len``). ``mesh``: a
+    ``('data', 'model')`` mesh (:func:`jspec.sharding.make_mesh`); rows are split over
+    ``data`` and the target should be placed with :func:`jspec.sharding.shard_target`.
     """
     sampling = SamplingConfig(temperature, top_k, top_p)
     ids, is_text = _as_id_lists(target, prompts)
@@ -125,10 +128,18 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     if key is None:
         key = jax.random.key(seed)
 
-    dec = PlainDecoder(target.config, sampling, cap_new, page_size, num_pages)
+    rows = [prompt, lens, page_table, _stop_ids(target, stop_ids, B), limits]
+    if mesh is not None:
+        if B % mesh.shape["data"]:
+            raise ValueError(f"batch of {B} rows does not split over the mesh's "
+                             f"data axis of size {mesh.shape['data']}")
+        rows = [jax.device_put(x, batch_sharding(mesh, x.ndim)) for x in rows]
+    else:
+        rows = [jnp.asarray(x) for x in rows]
+
+    dec = PlainDecoder(target.config, sampling, cap_new, page_size, num_pages, mesh)
     t0 = time.perf_counter()
-    state = dec.run(target.params, jnp.asarray(prompt), jnp.asarray(lens), jnp.asarray(page_table),
-                    jnp.asarray(_stop_ids(target, stop_ids, B)), jnp.asarray(limits), key)
+    state = dec.run(target.params, *rows, key)
     toks, n, reasons = jax.device_get((state.tokens, state.num_generated, state.stop_reason))
     wall = time.perf_counter() - t0
 

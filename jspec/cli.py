@@ -1,0 +1,119 @@
+"""``python -m jspec ...``: command line for generation.
+
+Sub-commands are registered in one table so later features (drafters, tree
+knobs) extend ``generate`` without changing the command users already type.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _ids(s: str) -> list[int]:
+    try:
+        return [int(x) for x in s.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {s!r}")
+
+
+def add_generate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="HF directory, jspec Orbax directory or llama2.c .bin")
+    p.add_argument("--tokenizer", help="tokenizer file (tok*.bin or tokenizer.json) overriding the model's")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
+    src.add_argument("--prompt-ids", action="append", type=_ids, help="comma-separated ids (repeatable)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop-ids", type=_ids, default=None, help="ids that end a row (default: EOS)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run_generate(args) -> int:
+    import jspec
+
+    target = jspec.load_target(args.model, dtype=args.dtype, tokenizer=args.tokenizer)
+    prompts = args.prompt if args.prompt is not None else args.prompt_ids
+    res = jspec.generate(target, prompts, max_new_tokens=args.max_new_tokens,
+                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                         seed=args.seed, stop_ids=args.stop_ids)
+    if args.json:
+        out = {"tokens": res.tokens, "text": res.text,
+               "stats": {"rows": res.stats, **res.summary()}}
+        print(json.dumps(out))
+        return 0
+    for r, toks in enumerate(res.tokens):
+        head = f"[{r}] " if len(res.tokens) > 1 else ""
+        if res.text is not None:
+            shown = prompts[r] + res.text[r] if args.prompt is not None else res.text[r]
+            print(head + shown)
+        else:
+            print(head + " ".join(map(str, toks)))
+    s = res.summary()
+    print(f"-- {s['new_tokens']} tokens in {s['wall_s']:.2f}s ({s['tokens_per_s']:.1f} tok/s, "
+          "compilation included)", file=sys.stderr)
+    return 0
+
+
+def default_model() -> Path:
+    """The model the demo runs: the shipped default, else the stories260K fixture."""
+    root = Path(__file__).resolve().parents[1]
+    for cand in (root / "checkpoints" / "default", root.parent / "shared" / "models" / "stories260K"):
+        if cand.exists():
+            return cand
+    raise FileNotFoundError(
+        "no default model: checkpoints/default is not shipped yet and ../shared/models/stories260K "
+        "is absent. Pass --model PATH (see README: 'Getting a model').")
+
+
+def add_demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="default: checkpoints/default, else stories260K")
+    p.add_argument("--prompt", default="Once upon a time")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+
+
+def run_demo(args) -> int:
+    import jspec
+
+    path = Path(args.model) if args.model else default_model()
+    tok = next(iter(sorted(path.glob("tok*.bin"))), None) if path.is_dir() else None
+    target = jspec.load_target(path, tokenizer=tok if tok and not (path / "tokenizer.json").exists()
+                               else None)
+    print(f"model: {path} ({target.config.num_layers} layers, hidden {target.config.hidden_size}, "
+          f"vocab {target.config.vocab_size})")
+    first = jspec.generate(target, [args.prompt], max_new_tokens=args.max_new_tokens)
+    again = jspec.generate(target, [args.prompt], max_new_tokens=args.max_new_tokens)
+    print(args.prompt + (again.text[0] if again.text else " ".join(map(str, again.tokens[0]))))
+    print(f"plain decoding: {len(again.tokens[0])} tokens, {again.tokens_per_s:.1f} tok/s "
+          f"(first call {first.wall_s:.2f}s including compilation)")
+    return 0
+
+
+COMMANDS = {
+    "demo": (add_demo_args, run_demo, "generate with the default model"),
+    "generate": (add_generate_args, run_generate, "generate text or token ids"),
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jspec")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (add, _, help_) in COMMANDS.items():
+        add(sub.add_parser(name, help=help_))
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command][1](args)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        # Bad input is the user's to fix: one clear line, not a traceback.
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Device meshes and parameter placement.
+
+A mesh has two axes: ``data`` (batch rows) and ``model`` (tensor parallelism over
+attention heads, KV heads, MLP width and vocabulary). Parameters carry logical
+axis names (see :mod:`jspec.llama`); :data:`LOGICAL_RULES` maps them onto the mesh,
+and XLA's SPMD partitioner inserts the collectives. A logical axis whose size the
+mesh axis does not divide is replicated instead, so any mesh gives correct results.
+
+The KV page pool is sharded over KV heads and replicated over ``data``: every data
+shard can address every page. That keeps page tables global and simple; a per-shard
+pool is the next step for pods, where the pool dominates memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jspec.llama import abstract_params
+from jspec.target import Target
+
+LOGICAL_RULES = (
+    ("batch", "data"),
+    ("vocab", "model"),
+    ("heads", "model"),
+    ("kv_heads", "model"),
+    ("mlp", "model"),
+    ("embed", None),
+    ("norm", None),
+)
+
+
+def make_mesh(data: int | None = None, model: int = 1, devices=None) -> Mesh:
+    """A ``('data', 'model')`` mesh; ``data`` defaults to all remaining devices."""
+    devices = list(jax.devices() if devices is None else devices)
+    if data is None:
+        if len(devices) % model:
+            raise ValueError(f"model={model} does not divide the {len(devices)} devices")
+        data = len(devices) // model
+    if data * model > len(devices):
+        raise ValueError(f"mesh {data}x{model} needs {data * model} devices, have {len(devices)}")
+    return Mesh(np.array(devices[:data * model]).reshape(data, model), ("data", "model"))
+
+
+def _spec(names, shape, mesh: Mesh) -> P:
+    rules = dict(LOGICAL_RULES)
+    axes = []
+    for name, size in zip(names, shape):
+        ax = rules.get(name)
+        axes.append(ax if ax is not None and size % mesh.shape[ax] == 0 else None)
+    return P(*axes)
+
+
+def param_shardings(cfg, mesh: Mesh):
+    """A NamedSharding for every parameter, from its logical axis names."""
+    boxed = abstract_params(cfg)
+    return jax.tree_util.tree_map(
+        lambda b: NamedSharding(mesh, _spec(b.names, b.value.shape, mesh)), boxed,
+        is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+
+
+def shard_target(target: Target, mesh: Mesh) -> Target:
+    """The same target with parameters placed on ``mesh``."""
+    params = jax.device_put(target.params, param_shardings(target.config, mesh))
+    return dataclasses.replace(target, params=params)
+
+
+def kv_pages_spec(cfg, mesh: Mesh) -> P:
+    """``[L, KVH, P, page_size, D]``: KV heads over ``model`` when they divide evenly."""
+    return P(None, "model" if cfg.num_kv_heads % mesh.shape["model"] == 0 else None)
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+    return NamedSharding(mesh, P("data", *([None] * (ndim - 1))))
