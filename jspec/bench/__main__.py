@@ -1,0 +1,57 @@
+"""``python -m jspec.bench {plain,forward} ...`` (see :mod:`jspec.bench`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jspec.bench", description=__doc__)
+    sub = p.add_subparsers(dest="bench", required=True)
+
+    def common_args(s, default_batch, default_repeats):
+        s.add_argument("--random-config", metavar="NAME",
+                       help="a named random config from jspec.bench.configs (tiny, 100m)")
+        s.add_argument("--batch", type=int, nargs="+", default=default_batch)
+        s.add_argument("--repeats", type=int, default=default_repeats,
+                       help="timed calls after warm-up (the median is reported)")
+        s.add_argument("--dtype", default="float32")
+        s.add_argument("--seed", type=int, default=0)
+        s.add_argument("--json", metavar="OUT", help="also write the rows as JSON")
+
+    s = sub.add_parser("plain", help="end-to-end greedy generation, jspec vs transformers")
+    s.add_argument("--model", metavar="PATH",
+                   help="HF directory, jspec Orbax directory or llama2.c .bin")
+    common_args(s, [1, 8], 3)
+    s.add_argument("--new-tokens", type=int, default=256)
+    s.add_argument("--prompt-len", type=int, default=32)
+    s.add_argument("--hf", action=argparse.BooleanOptionalAction, default=None,
+                   help="run transformers' greedy generate on the same weights "
+                        "(default: when torch and transformers are importable)")
+
+    s = sub.add_parser("forward", help="1-token decode step vs a block forward on a long cache")
+    common_args(s, [1], 20)
+    s.add_argument("--context", type=int, default=1024)
+    s.add_argument("--block", type=int, default=8)
+    s.add_argument("--page-size", type=int, default=16)
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.bench == "plain":
+        if args.model is None and args.random_config is None:
+            args.random_config = "tiny"
+        if args.model is not None and args.random_config is not None:
+            raise SystemExit("pass --model or --random-config, not both")
+        from jspec.bench import plain
+        return plain.main(args)
+    if args.random_config is None:
+        args.random_config = "100m"
+    from jspec.bench import forward
+    return forward.main(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
