@@ -167,6 +167,11 @@ class Llama(nn.Module):
     def embed(self, tokens):
         return self.embed_tokens(tokens)
 
+    def forward_logits(self, tokens, positions, cache):
+        """Forward plus logits in one call; ``init`` uses it so an untied head gets created."""
+        hidden, _, cache = self(tokens, positions, cache)
+        return self.logits(hidden), cache
+
 
 def init_params(cfg: LlamaConfig, key: jax.Array, unbox: bool = True):
     """Random parameters (for tests and benchmarks). ``unbox=False`` keeps axis metadata."""
@@ -174,7 +179,7 @@ def init_params(cfg: LlamaConfig, key: jax.Array, unbox: bool = True):
     cache = kvc.init_cache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
                            np.zeros((1, 1), np.int32), 1, 8, cfg.dtype)
     tok = jnp.zeros((1, 1), jnp.int32)
-    variables = model.init(key, tok, tok, cache)
+    variables = model.init(key, tok, tok, cache, method=Llama.forward_logits)
     params = variables["params"]
     return nn.unbox(params) if unbox else params
 

@@ -50,9 +50,12 @@ def check_shapes(obj, dims: dict[str, int] | None = None) -> dict[str, int]:
                 bound = dims.setdefault(n, s)
             if bound != s:
                 raise AssertionError(f"{type(obj).__name__}.{f.name}: dim {n}={s}, expected {bound}")
-        dk = value.dtype.kind
-        ok = {"int": dk in "iu", "float": dk == "f" or value.dtype.name == "bfloat16",
-              "bool": dk == "b", "key": True}[kind]
+        if kind == "key":
+            ok = jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
+        else:
+            dk = value.dtype.kind
+            ok = {"int": dk in "iu", "float": dk == "f" or value.dtype.name == "bfloat16",
+                  "bool": dk == "b"}[kind]
         if not ok:
             raise AssertionError(f"{type(obj).__name__}.{f.name}: dtype {value.dtype} is not {kind}")
     return dims
