@@ -36,7 +36,7 @@ class GenerationResult:
     tokens_per_s: float = 0.0        # generated tokens / wall_s
 
     def summary(self) -> dict:
-        return {"rows": len(self.tokens), "new_tokens": sum(map(len, self.tokens)),
+        return {"num_rows": len(self.tokens), "new_tokens": sum(map(len, self.tokens)),
                 "wall_s": self.wall_s, "tokens_per_s": self.tokens_per_s}
 
 
