@@ -1,0 +1,56 @@
+"""Checkpoint I/O: Hugging Face safetensors, llama2.c ``.bin`` and jspec's Orbax format.
+
+:func:`load_target` picks the reader from what ``path`` looks like.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from jspec.checkpoint.common import CheckpointError, Progress
+from jspec.checkpoint.hf import (load_hf, params_from_state_dict, save_hf,
+                                 state_dict_from_params)
+from jspec.checkpoint.llama2c import load_llama2c, save_llama2c
+from jspec.checkpoint.orbax_io import CONFIG_FILE, load_orbax, save_orbax
+from jspec.target import Target
+from jspec.tokenizer import load_tokenizer
+
+__all__ = ["CheckpointError", "load_target", "detect_format", "load_hf", "save_hf",
+           "params_from_state_dict", "state_dict_from_params", "load_llama2c",
+           "save_llama2c", "load_orbax", "save_orbax"]
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    """``"orbax"``, ``"hf"`` or ``"llama2c"``; :class:`CheckpointError` otherwise."""
+    p = Path(path)
+    if p.is_dir():
+        if (p / CONFIG_FILE).is_file():
+            return "orbax"
+        if (p / "config.json").is_file() and (
+                (p / "model.safetensors").is_file()
+                or (p / "model.safetensors.index.json").is_file()):
+            return "hf"
+        raise CheckpointError(
+            f"{p}: directory is neither a jspec Orbax checkpoint ({CONFIG_FILE}) nor a "
+            "Hugging Face one (config.json + model.safetensors[.index.json])")
+    if p.is_file() and p.suffix == ".bin":
+        return "llama2c"
+    if not p.exists():
+        raise CheckpointError(f"{p}: no such file or directory")
+    raise CheckpointError(f"{p}: unrecognised checkpoint (want a directory or a llama2.c .bin)")
+
+
+def load_target(path: str | os.PathLike, dtype=None, tokenizer: str | os.PathLike | None = None,
+                progress: Progress | None = None) -> Target:
+    """Load any supported checkpoint; ``tokenizer`` overrides the one found beside it."""
+    fmt = detect_format(path)
+    if fmt == "llama2c":
+        return load_llama2c(path, dtype, tokenizer=tokenizer, progress=progress)
+    target = (load_orbax if fmt == "orbax" else load_hf)(path, dtype, progress=progress)
+    if tokenizer is not None:
+        cfg = target.config
+        tok = load_tokenizer(tokenizer, eos_ids=cfg.eos_token_ids)
+        target = dataclasses.replace(target, tokenizer=tok)
+    return target

@@ -1,0 +1,195 @@
+"""Hugging Face Llama checkpoints (``config.json`` + safetensors, single file or sharded).
+
+The name mapping is one declarative table; loading walks it, reading each tensor lazily
+with ``safe_open`` and checking its shape before the next is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from jspec.checkpoint.common import (CheckpointError, Progress, check_shape, expected_shapes,
+                                     flatten, no_progress, to_param, unflatten,
+                                     with_dtype)
+from jspec.config import LlamaConfig
+from jspec.target import Target
+from jspec.tokenizer import find_tokenizer, load_tokenizer
+
+# (HF tensor name, flax param path, transpose). HF Linear weights are [out, in]; flax
+# kernels are [in, out]. ``{i}`` is the layer index.
+HF_LLAMA_GLOBAL = (
+    ("model.embed_tokens.weight", "embed_tokens/embedding", False),
+    ("model.norm.weight", "norm/scale", False),
+)
+HF_LLAMA_UNTIED = (
+    ("lm_head.weight", "lm_head/kernel", True),
+)
+HF_LLAMA_LAYER = (
+    ("model.layers.{i}.input_layernorm.weight", "layers_{i}/input_layernorm/scale", False),
+    ("model.layers.{i}.self_attn.q_proj.weight", "layers_{i}/self_attn/q_proj/kernel", True),
+    ("model.layers.{i}.self_attn.k_proj.weight", "layers_{i}/self_attn/k_proj/kernel", True),
+    ("model.layers.{i}.self_attn.v_proj.weight", "layers_{i}/self_attn/v_proj/kernel", True),
+    ("model.layers.{i}.self_attn.o_proj.weight", "layers_{i}/self_attn/o_proj/kernel", True),
+    ("model.layers.{i}.post_attention_layernorm.weight",
+     "layers_{i}/post_attention_layernorm/scale", False),
+    ("model.layers.{i}.mlp.gate_proj.weight", "layers_{i}/mlp/gate_proj/kernel", True),
+    ("model.layers.{i}.mlp.up_proj.weight", "layers_{i}/mlp/up_proj/kernel", True),
+    ("model.layers.{i}.mlp.down_proj.weight", "layers_{i}/mlp/down_proj/kernel", True),
+)
+
+
+def hf_table(cfg: LlamaConfig) -> list[tuple[str, tuple[str, ...], bool]]:
+    """Every tensor this config needs, in file order. A tied config never reads lm_head."""
+    rows = list(HF_LLAMA_GLOBAL)
+    if not cfg.tie_word_embeddings:
+        rows += HF_LLAMA_UNTIED
+    out = [(n, tuple(p.split("/")), t) for n, p, t in rows]
+    for i in range(cfg.num_layers):
+        out += [(n.format(i=i), tuple(p.format(i=i).split("/")), t) for n, p, t in HF_LLAMA_LAYER]
+    return out
+
+
+def params_from_state_dict(cfg: LlamaConfig,
+                           get_tensor: Mapping[str, np.ndarray] | Callable[[str], np.ndarray],
+                           dtype=None, progress: Progress | None = None):
+    """Flax params from HF-named arrays (a mapping, or a function raising KeyError)."""
+    cfg = with_dtype(cfg, dtype)
+    get = get_tensor.__getitem__ if isinstance(get_tensor, Mapping) else get_tensor
+    shapes = expected_shapes(cfg)
+    table = hf_table(cfg)
+    flat = {}
+    for name, path, transpose in (progress or no_progress)(table, total=len(table)):
+        try:
+            arr = get(name)
+        except KeyError:
+            raise CheckpointError(f"checkpoint is missing tensor {name!r} "
+                                  f"(expected shape {_hf_shape(shapes[path], transpose)})") from None
+        arr = np.asarray(arr)
+        check_shape(name, _hf_shape(shapes[path], transpose), arr.shape)
+        flat[path] = to_param(arr.T if transpose else arr, cfg.dtype)
+    return unflatten(flat)
+
+
+def state_dict_from_params(cfg: LlamaConfig, params) -> dict[str, np.ndarray]:
+    """Inverse of :func:`params_from_state_dict`: HF-named host arrays."""
+    flat = flatten(params)
+    out = {}
+    for name, path, transpose in hf_table(cfg):
+        arr = np.asarray(flat[path])
+        out[name] = np.ascontiguousarray(arr.T if transpose else arr)
+    return out
+
+
+def _hf_shape(shape, transpose):
+    return tuple(reversed(shape)) if transpose else tuple(shape)
+
+
+class SafetensorsDir(Mapping):
+    """Lazy read-only view of a directory's safetensors tensors; open files stay open
+    until :meth:`close` so each tensor is one seek, not one file open."""
+
+    def __init__(self, path: str | os.PathLike):
+        d = Path(path)
+        index = d / "model.safetensors.index.json"
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise CheckpointError(f"{index}: malformed index ({e!r})") from e
+            self._where = {k: d / v for k, v in weight_map.items()}
+            for f in set(self._where.values()):
+                if not f.is_file():
+                    raise CheckpointError(f"{index} names shard {f.name!r}, which does not exist")
+        elif (d / "model.safetensors").is_file():
+            self._where = {k: d / "model.safetensors" for k in _keys(d / "model.safetensors")}
+        else:
+            raise CheckpointError(f"{d}: no model.safetensors or model.safetensors.index.json")
+        self._stack = contextlib.ExitStack()
+        self._open: dict[Path, object] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        file = self._where[name]  # KeyError for a missing tensor, as Mapping requires
+        try:
+            if file not in self._open:
+                self._open[file] = self._stack.enter_context(safe_open(file, framework="numpy"))
+            return self._open[file].get_tensor(name)
+        except Exception as e:  # SafetensorError: corrupt file, or the index named a tensor
+            raise CheckpointError(f"{file.name}: cannot read tensor {name!r} ({e})") from e
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self):
+        return len(self._where)
+
+    def close(self):
+        self._stack.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _keys(file: Path) -> list[str]:
+    try:
+        with safe_open(file, framework="numpy") as f:
+            return list(f.keys())
+    except Exception as e:  # SafetensorError is not a public subclass of anything useful
+        raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from e
+
+
+def load_hf_config(path: str | os.PathLike, dtype=None) -> LlamaConfig:
+    d = Path(path)
+    if not (d / "config.json").is_file():
+        raise CheckpointError(f"{d}: no config.json")
+    cfg = LlamaConfig.from_json_file(d / "config.json")
+    gen = d / "generation_config.json"
+    if gen.is_file():
+        # generate() stops on generation_config's eos list, which may be wider than config's.
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        if eos is not None:
+            cfg = cfg.replace(eos_token_ids=tuple(eos) if isinstance(eos, list) else (eos,))
+    return with_dtype(cfg, dtype)
+
+
+def load_hf(path: str | os.PathLike, dtype=None, progress: Progress | None = None) -> Target:
+    """Load an HF Llama directory. A ``tokenizer.json`` or ``tok*.bin`` beside it is loaded."""
+    cfg = load_hf_config(path, dtype)
+    with SafetensorsDir(path) as tensors:
+        params = params_from_state_dict(cfg, tensors, progress=progress)
+    tok_path = find_tokenizer(path)
+    tok = None
+    if tok_path is not None:
+        tok = load_tokenizer(tok_path, bos_id=_explicit_bos(path, cfg), eos_ids=cfg.eos_token_ids)
+    return Target(cfg, params, tok)
+
+
+def _explicit_bos(path, cfg: LlamaConfig) -> int | None:
+    """BOS id when ``tokenizer_config.json`` asks for one; otherwise ``None`` lets the
+    tokenizer's post-processor decide, as transformers does."""
+    tc = Path(path) / "tokenizer_config.json"
+    if tc.is_file() and json.loads(tc.read_text()).get("add_bos_token"):
+        return cfg.bos_token_id
+    return None
+
+
+def save_hf(target: Target, path: str | os.PathLike) -> None:
+    """Write ``config.json`` + ``model.safetensors`` (+ the tokenizer file, if any)."""
+    d = Path(path)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(target.config.to_json())
+    save_file(state_dict_from_params(target.config, target.params), d / "model.safetensors",
+              metadata={"format": "pt"})
+    if target.tokenizer is not None and hasattr(target.tokenizer, "save"):
+        target.tokenizer.save(d / target.tokenizer.filename)

@@ -1,0 +1,118 @@
+"""jspec's own checkpoint directory: ``jspec_config.json`` + Orbax params + tokenizer file.
+
+The directory is assembled in a hidden sibling and renamed into place, so a reader never
+sees a half-written checkpoint and a failed conversion leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from jspec.checkpoint.common import (CheckpointError, Progress, check_shape, expected_shapes,
+                                     flatten, no_progress, path_str, to_param, unflatten,
+                                     with_dtype)
+from jspec.config import LlamaConfig
+from jspec.target import Target
+from jspec.tokenizer import load_tokenizer
+
+CONFIG_FILE = "jspec_config.json"
+FORMAT = "jspec-orbax"
+VERSION = 1
+PARAMS_DIR = "params"
+
+
+def save_orbax(target: Target, path: str | os.PathLike, overwrite: bool = False) -> None:
+    dst = Path(path).absolute()
+    if dst.exists() and not overwrite:
+        raise FileExistsError(f"{dst} already exists (pass overwrite=True to replace it)")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        tok = target.tokenizer
+        tok_name = tok.filename if tok is not None and hasattr(tok, "save") else None
+        meta = target.config.to_hf()
+        meta["jspec"] = {"format": FORMAT, "version": VERSION, "params": PARAMS_DIR,
+                         "tokenizer": tok_name,
+                         "tokenizer_bos_id": tok.bos_id if tok_name is not None else None}
+        (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=1))
+        if tok_name is not None:
+            tok.save(tmp / tok_name)
+        ckptr = ocp.PyTreeCheckpointer()
+        ckptr.save(tmp / PARAMS_DIR, target.params)
+        ckptr.close()
+        _move_into_place(tmp, dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _move_into_place(tmp: Path, dst: Path) -> None:
+    # A directory cannot be os.replace'd onto a non-empty one: park the old one first so
+    # dst is always either the old checkpoint or the new one.
+    old = None
+    if dst.exists():
+        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(dst, old)
+    try:
+        os.replace(tmp, dst)
+    except BaseException:
+        if old is not None:
+            os.replace(old, dst)
+        raise
+    if old is not None:
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    f = Path(path) / CONFIG_FILE
+    try:
+        meta = json.loads(f.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{f}: cannot read ({e})") from e
+    info = meta.get("jspec")
+    if not isinstance(info, dict) or info.get("format") != FORMAT:
+        raise CheckpointError(f"{f}: not a jspec Orbax checkpoint (no jspec.format={FORMAT!r})")
+    if info.get("version") != VERSION:
+        raise CheckpointError(f"{f}: jspec.version={info.get('version')!r}, this build reads "
+                              f"version {VERSION}")
+    return meta
+
+
+def load_orbax(path: str | os.PathLike, dtype=None, progress: Progress | None = None) -> Target:
+    d = Path(path).absolute()
+    meta = read_meta(d)
+    info = meta["jspec"]
+    cfg = with_dtype(LlamaConfig.from_hf(meta), dtype)
+    shapes = expected_shapes(cfg)
+    ckptr = ocp.PyTreeCheckpointer()
+    pdir = d / info.get("params", PARAMS_DIR)
+    stored = flatten(ckptr.metadata(pdir).item_metadata.tree)
+    # Shapes come from metadata, so a mismatch is reported before any array is read.
+    for p, shape in shapes.items():
+        if p not in stored:
+            raise CheckpointError(f"checkpoint is missing tensor {path_str(p)!r} "
+                                  f"(expected shape {shape})")
+        check_shape(path_str(p), shape, stored[p].shape)
+    extra = sorted(path_str(p) for p in stored if p not in shapes)
+    if extra:
+        raise CheckpointError(f"checkpoint has tensors the config does not: {extra[:5]}")
+    # Restore to host numpy so the saved sharding/topology never matters.
+    args = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                                  unflatten({p: 0 for p in stored}))
+    raw = flatten(ckptr.restore(pdir, args=ocp.args.PyTreeRestore(restore_args=args)))
+    ckptr.close()
+    flat = {p: to_param(raw[p], cfg.dtype)
+            for p in (progress or no_progress)(list(shapes), total=len(shapes))}
+    tok = None
+    if info.get("tokenizer"):
+        tok = load_tokenizer(d / info["tokenizer"], bos_id=info.get("tokenizer_bos_id"),
+                             eos_ids=cfg.eos_token_ids)
+    return Target(cfg, unflatten(flat), tok)
