@@ -82,9 +82,7 @@ def run_demo(args) -> int:
     import jspec
 
     path = Path(args.model) if args.model else default_model()
-    tok = next(iter(sorted(path.glob("tok*.bin"))), None) if path.is_dir() else None
-    target = jspec.load_target(path, tokenizer=tok if tok and not (path / "tokenizer.json").exists()
-                               else None)
+    target = jspec.load_target(path)
     print(f"model: {path} ({target.config.num_layers} layers, hidden {target.config.hidden_size}, "
           f"vocab {target.config.vocab_size})")
     first = jspec.generate(target, [args.prompt], max_new_tokens=args.max_new_tokens)
