@@ -40,11 +40,7 @@ def expected_shapes(cfg: LlamaConfig) -> dict[Path_, tuple[int, ...]]:
     """Flat ``{param path: shape}`` of the tree ``init_params(cfg)`` would build."""
     tree = nn.unbox(abstract_params(cfg))
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    shapes = {tuple(k.key for k in path): tuple(leaf.shape) for path, leaf in flat}
-    # init traces only __call__, so an untied lm_head may be absent from the tree.
-    if not cfg.tie_word_embeddings:
-        shapes.setdefault(("lm_head", "kernel"), (cfg.hidden_size, cfg.vocab_size))
-    return shapes
+    return {tuple(k.key for k in path): tuple(leaf.shape) for path, leaf in flat}
 
 
 def path_str(path: Path_) -> str:
