@@ -57,10 +57,10 @@ def make_cache(cfg: LlamaConfig, batch: int, context: int, block: int, page_size
                          lengths=jnp.full((batch,), context, jnp.int32))
 
 
-def time_forward(cfg: LlamaConfig, params, batch: int, context: int, tokens: int,
-                 block: int, repeats: int, page_size: int = 16, seed: int = 0) -> dict:
-    """Compile and time one forward of ``tokens`` new tokens per row; the cache is sized for
-    ``block`` new tokens either way, so every variant reads the same addressable KV."""
+def _prepare(cfg: LlamaConfig, params, batch: int, context: int, tokens: int, block: int,
+             page_size: int, seed: int) -> dict:
+    """Compile one forward of ``tokens`` new tokens per row; the cache is sized for ``block``
+    new tokens either way, so every variant reads the same addressable KV."""
     fn = _step_fn(cfg)
     cache = make_cache(cfg, batch, context, block, page_size, seed)
     rng = np.random.default_rng(seed)
@@ -68,31 +68,41 @@ def time_forward(cfg: LlamaConfig, params, batch: int, context: int, tokens: int
     pos = jnp.asarray(context + np.arange(tokens)[None].repeat(batch, 0), jnp.int32)
     t0 = time.perf_counter()
     compiled = fn.lower(params, tok, pos, cache).compile()
-    compile_s = time.perf_counter() - t0
-    times = []
-    for i in range(2 + repeats):        # two warm-up calls
-        t0 = time.perf_counter()
-        logits, cache = compiled(params, tok, pos, cache)
-        jax.block_until_ready((logits, cache))
-        if i >= 2:
-            times.append(time.perf_counter() - t0)
-    assert logits.shape == (batch, tokens, cfg.vocab_size)
-    ms = 1000.0 * statistics.median(times)
-    return {"batch": batch, "context": context, "tokens": tokens, "compile s": compile_s,
-            "ms": ms, "ms/token": ms / tokens, "ms min": 1000.0 * min(times)}
+    return {"compiled": compiled, "tok": tok, "pos": pos, "cache": cache,
+            "compile s": time.perf_counter() - t0, "times": [], "tokens": tokens}
+
+
+def _call(v: dict, params) -> float:
+    t0 = time.perf_counter()
+    logits, v["cache"] = v["compiled"](params, v["tok"], v["pos"], v["cache"])
+    jax.block_until_ready((logits, v["cache"]))
+    v["logits_shape"] = logits.shape
+    return time.perf_counter() - t0
 
 
 def run_forward(cfg: LlamaConfig, params=None, context: int = 1024, block: int = 8,
                 batch: int = 1, repeats: int = 20, page_size: int = 16, seed: int = 0) -> list[dict]:
     """Rows ``decode`` (1 token) and ``block`` (``block`` tokens); ``x decode`` is the ratio
-    of each row's time to the decode step's."""
+    of each row's median time to the decode step's. The two are timed alternately, call by
+    call, so background load on the machine affects both alike."""
     if params is None:
         params = common.random_params(cfg, seed)
-    dec = time_forward(cfg, params, batch, context, 1, block, repeats, page_size, seed)
-    blk = time_forward(cfg, params, batch, context, block, block, repeats, page_size, seed)
-    dec.update({"forward": "decode", "x decode": 1.0})
-    blk.update({"forward": f"block of {block}", "x decode": blk["ms"] / dec["ms"]})
-    return [dec, blk]
+    variants = [_prepare(cfg, params, batch, context, t, block, page_size, seed) for t in (1, block)]
+    for i in range(2 + repeats):        # two warm-up rounds
+        for v in variants:
+            dt = _call(v, params)
+            if i >= 2:
+                v["times"].append(dt)
+    rows = []
+    for v, name in zip(variants, ("decode", f"block of {block}")):
+        assert v["logits_shape"] == (batch, v["tokens"], cfg.vocab_size)
+        ms = 1000.0 * statistics.median(v["times"])
+        rows.append({"forward": name, "batch": batch, "context": context, "tokens": v["tokens"],
+                     "compile s": v["compile s"], "ms": ms, "ms/token": ms / v["tokens"],
+                     "ms min": 1000.0 * min(v["times"])})
+    for r in rows:
+        r["x decode"] = r["ms"] / rows[0]["ms"]
+    return rows
 
 
 def main(args) -> list[dict]:
@@ -111,7 +121,7 @@ def main(args) -> list[dict]:
     print(common.format_table(rows, COLUMNS))
     r = rows[1]["x decode"]
     print(f"\n(median of {args.repeats} calls; logits for every position; reference attention.)"
-          f"\nA {args.block}-token forward costs {r:.2f} decode steps: speculative decoding "
+          f"\nA forward of {args.block} tokens costs {r:.2f} decode steps: speculative decoding "
           f"verifying {args.block} tokens at a time can gain at most {args.block / r:.2f}x here "
           f"(every draft accepted, free drafter).")
     if args.json:
