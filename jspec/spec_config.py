@@ -1,0 +1,62 @@
+"""Speculation knobs, validated up front the way serving engines refuse at start-up."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+class SpecConfigError(ValueError):
+    """An impossible or unsupported combination of speculation knobs."""
+
+
+MAX_TREE_NODES = 64  # the bit-packed tree mask holds one row in at most 64 bits
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecConfig:
+    """``num_steps`` S (tree depth), ``topk`` K (branching), ``num_draft_tokens`` N (tree nodes,
+    root included). A chain is K = 1, N = S + 1.
+
+    Widths that follow: tree-node arrays are N wide; accepted-path arrays are S + 1 wide
+    (max depth + 1, never N); the EAGLE-2 candidate pool is K + (S - 1) K^2.
+    """
+
+    num_steps: int = 5
+    topk: int = 4
+    num_draft_tokens: int = 8
+
+    def __post_init__(self):
+        S, K, N = self.num_steps, self.topk, self.num_draft_tokens
+        if S < 1:
+            raise SpecConfigError(f"num_steps must be >= 1, got {S}")
+        if K < 1:
+            raise SpecConfigError(f"topk must be >= 1, got {K}")
+        if N < 2:
+            raise SpecConfigError(f"num_draft_tokens must be >= 2 (root + one draft), got {N}")
+        if N > MAX_TREE_NODES:
+            raise SpecConfigError(
+                f"num_draft_tokens={N} > {MAX_TREE_NODES}: the tree mask packs a row in 64 bits")
+        if K == 1 and N != S + 1:
+            raise SpecConfigError(
+                f"topk=1 is a chain, which has exactly num_steps + 1 = {S + 1} nodes; "
+                f"got num_draft_tokens={N}")
+        if N - 1 > self.pool_size:
+            raise SpecConfigError(
+                f"num_draft_tokens={N} needs {N - 1} drafts but num_steps={S}, topk={K} score "
+                f"only K + (S-1)*K*K = {self.pool_size} candidates")
+
+    @property
+    def pool_size(self) -> int:
+        return self.topk + (self.num_steps - 1) * self.topk * self.topk
+
+    @property
+    def accept_width(self) -> int:
+        return self.num_steps + 1
+
+    @property
+    def is_chain(self) -> bool:
+        return self.topk == 1
+
+    @classmethod
+    def chain(cls, num_steps: int) -> "SpecConfig":
+        return cls(num_steps, 1, num_steps + 1)

@@ -1,0 +1,113 @@
+"""EAGLE-2 dynamic draft trees: frontier expansion inside the draft loop, then a
+global top-(N-1) selection that is ancestor-closed by construction.
+
+Scores are cumulative log-probabilities. The draft loop keeps a frontier of K paths;
+each step scores their K*K children (:func:`expand_frontier`), keeps the best K and
+appends all K*K to the candidate pool. Pool layout, per row (M = K + (S-1) K^2):
+
+    [0, K)                     step 0: the root's K children, parent -1 (the root)
+    [K + (s-1) K^2, K + s K^2)  step s >= 1: child j of frontier slot k at offset k*K + j
+
+so a parent's pool index is always smaller than its children's, and siblings sit in
+the drafter's rank order.
+
+Ancestor closure. Selection ranks candidates by an *effective* score: the minimum of
+the scores along the candidate's path, ties broken by depth, then pool index. For
+true cumulative log-probabilities the effective score is the score itself (a child
+never beats its parent), and the tie rule puts a parent before its children when
+an edge has probability 1 or everything underflows to -inf. For arbitrary scores
+(a drafter bug, NaN) the min-along-path makes the rule hold anyway, so the top N-1
+are always ancestor-closed; ``closed`` reports it and tests assert it. A node whose
+parent is not selected would get parent -1, never the root.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jspec.tree.build import DraftTree, build_tree
+
+
+def expand_frontier(path_scores: jax.Array, child_logp: jax.Array):
+    """One EAGLE-2 step.
+
+    ``path_scores [B, K]`` of the frontier; ``child_logp [B, K, K]`` (log q of each
+    frontier path's top-K children). Returns ``(child_scores [B, K*K], keep [B, K])``:
+    all children's cumulative scores in pool order, and the flat indices (into K*K)
+    of the K kept for the next step, best first.
+    """
+    B, K, _ = child_logp.shape
+    scores = (path_scores[:, :, None] + child_logp).reshape(B, K * K)
+    scores = jnp.where(jnp.isnan(scores), -jnp.inf, scores)
+    _, keep = jax.lax.top_k(scores, K)   # ties -> lower index, i.e. better-ranked parent
+    return scores, keep.astype(jnp.int32)
+
+
+def pool_parent_index(frontier_idx: jax.Array, K: int) -> jax.Array:
+    """Pool indices of the parents of a step's K*K children, given the pool indices
+    ``[B, K]`` of the frontier entering that step."""
+    return jnp.repeat(frontier_idx, K, axis=1)
+
+
+def pool_offset(step: int, K: int) -> int:
+    return 0 if step == 0 else K + (step - 1) * K * K
+
+
+def select_tree(root_token: jax.Array, pool_tokens: jax.Array, pool_scores: jax.Array,
+                pool_parents: jax.Array, num_nodes: int, max_depth: int):
+    """Global top-(N-1) of the candidate pool plus the root -> ``(DraftTree, closed)``.
+
+    ``pool_*: [B, M]`` with ``pool_parents`` -1 for the root's children and otherwise a
+    smaller pool index. ``closed [B]`` is True when every kept node's parent is kept.
+    """
+    B, M = pool_scores.shape
+    n_draft = num_nodes - 1
+    scores = jnp.where(jnp.isnan(pool_scores), -jnp.inf, pool_scores.astype(jnp.float32))
+    parents = pool_parents.astype(jnp.int32)
+    has_parent = parents >= 0
+    safe_par = jnp.clip(parents, 0, M - 1)
+    # Effective score and depth by pointer jumping over at most max_depth levels.
+    eff, depth = scores, jnp.ones_like(parents)
+    for _ in range(max_depth - 1):
+        par_eff = jnp.take_along_axis(eff, safe_par, axis=1)
+        par_depth = jnp.take_along_axis(depth, safe_par, axis=1)
+        eff = jnp.where(has_parent, jnp.minimum(scores, par_eff), scores)
+        depth = jnp.where(has_parent, par_depth + 1, 1)
+    idx = jnp.broadcast_to(jnp.arange(M, dtype=jnp.int32), (B, M))
+    # Primary key last: higher effective score, then shallower, then earlier.
+    order = jax.vmap(lambda e, d, i: jnp.lexsort((i, d, -e)))(eff, depth, idx)
+    chosen = jnp.sort(order[:, :n_draft], axis=1)           # pool order = topological order
+    node_of = jnp.full((B, M), -1, jnp.int32).at[jnp.arange(B)[:, None], chosen].set(
+        jnp.arange(1, num_nodes, dtype=jnp.int32))
+    ppar = jnp.take_along_axis(parents, chosen, axis=1)
+    par_node = jnp.where(ppar < 0, 0, jnp.take_along_axis(node_of, jnp.clip(ppar, 0, M - 1), axis=1))
+    closed = jnp.all(par_node >= 0, axis=1)
+    tokens = jnp.concatenate([root_token[:, None], jnp.take_along_axis(pool_tokens, chosen, axis=1)], 1)
+    parents_n = jnp.concatenate([jnp.full((B, 1), -1, jnp.int32), par_node], axis=1)
+    return build_tree(tokens, parents_n, max_depth), closed
+
+
+def eagle2_tree(root_token: jax.Array, step_tokens: jax.Array, step_logp: jax.Array,
+                num_nodes: int):
+    """EAGLE-2 from a whole draft run at once (tests, and drafters without a loop).
+
+    ``step_tokens, step_logp: [B, S, K, K]``: at step s, the top-K children of each of
+    the K frontier paths (at step 0 only row 0 is used: the root's children). Runs the
+    same frontier recurrence as the draft loop and returns ``(tree, closed)``.
+    """
+    B, S, K, _ = step_tokens.shape
+    scores0 = step_logp[:, 0, 0]
+    pool_tok, pool_sc, pool_par = [step_tokens[:, 0, 0]], [scores0], [jnp.full((B, K), -1, jnp.int32)]
+    frontier_scores = scores0
+    frontier_idx = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K))  # pool indices
+    for s in range(1, S):
+        child_scores, keep = expand_frontier(frontier_scores, step_logp[:, s])
+        toks = step_tokens[:, s].reshape(B, K * K)
+        pool_tok.append(toks)
+        pool_sc.append(child_scores)
+        pool_par.append(pool_parent_index(frontier_idx, K))
+        frontier_scores = jnp.take_along_axis(child_scores, keep, axis=1)
+        frontier_idx = pool_offset(s, K) + keep
+    return select_tree(root_token, jnp.concatenate(pool_tok, 1), jnp.concatenate(pool_sc, 1),
+                       jnp.concatenate(pool_par, 1), num_nodes, S)
