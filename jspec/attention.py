@@ -1,10 +1,12 @@
 """Reference (pure jnp) attention of a block of new queries over a row's paged KV.
 
-The block's own keys have already been written to the cache at ``lengths + t``.
+The block's own keys have already been written to the cache after ``lengths``.
 Query ``t`` of row ``b`` sees every committed prefix position ``p < lengths[b]``
-and the block positions ``lengths[b] + u`` for which ``block_mask[b, t, u]`` holds
-(causal when ``block_mask`` is None; a tree mask for speculative verification).
-Only a ``[B, T, T]`` block mask is ever built, never prefix x T.
+and the window positions ``lengths[b] + w`` for which ``block_mask[b, t, w]`` holds.
+The window is usually the block itself (``[B, T, T]``: causal when ``block_mask`` is
+None, a tree mask for verification); a drafter's tree loop uses a wider window
+``[B, T, W]`` covering the transient slots its earlier steps wrote. Only the window
+mask is ever built, never prefix x T.
 
 This is the jnp reference the Pallas kernels are checked against; it gathers the
 row's pages into a contiguous view, which is simple and right but reads the whole
@@ -25,12 +27,12 @@ def causal_block_mask(T: int) -> jax.Array:
 
 def visibility(lengths: jax.Array, num_keys: int, block_mask: jax.Array) -> jax.Array:
     """``[B, T, S]`` bool: which of the row's ``S`` key slots query ``t`` may read."""
-    B, T, _ = block_mask.shape
+    B, T, W = block_mask.shape
     p = jnp.arange(num_keys, dtype=jnp.int32)[None, None, :]
-    rel = p - lengths[:, None, None]                      # offset into the block
-    in_block = (rel >= 0) & (rel < T)
-    blk = jnp.take_along_axis(block_mask, jnp.clip(rel, 0, T - 1).repeat(T, axis=1), axis=2)
-    return (rel < 0) | (in_block & blk)
+    rel = p - lengths[:, None, None]                      # offset into the window
+    in_window = (rel >= 0) & (rel < W)
+    blk = jnp.take_along_axis(block_mask, jnp.clip(rel, 0, W - 1).repeat(T, axis=1), axis=2)
+    return (rel < 0) | (in_window & blk)
 
 
 def paged_attention_ref(q: jax.Array, cache: kvc.PagedKVCache, layer: int,

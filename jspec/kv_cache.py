@@ -118,14 +118,15 @@ def _flat(pages: jax.Array) -> jax.Array:
 
 
 def write_layer(cache: PagedKVCache, layer: int, k: jax.Array, v: jax.Array,
-                valid: jax.Array | None = None) -> PagedKVCache:
-    """Write ``k, v: [B, T, KVH, D]`` of one layer at positions ``lengths + t``.
+                valid: jax.Array | None = None, offset: jax.Array | int = 0) -> PagedKVCache:
+    """Write ``k, v: [B, T, KVH, D]`` of one layer at positions ``lengths + offset + t``.
 
     ``valid: [B, T]`` masks positions that must not be written (ragged blocks).
-    Does not change ``lengths``.
+    ``offset`` places a block further into the uncommitted region (a drafter's tree
+    loop writes step s at ``s * K``). Does not change ``lengths``.
     """
     B, T = k.shape[:2]
-    pos = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+    pos = cache.lengths[:, None] + offset + jnp.arange(T, dtype=jnp.int32)[None]
     slots = _slots(cache, pos)
     if valid is not None:
         slots = jnp.where(valid, slots, cache.num_pages * cache.page_size)

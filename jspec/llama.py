@@ -85,7 +85,7 @@ class Attention(nn.Module):
     cfg: LlamaConfig
 
     @nn.compact
-    def __call__(self, x, positions, cache, layer, block_mask, valid, attention_fn):
+    def __call__(self, x, positions, cache, layer, block_mask, valid, attention_fn, offset=0):
         c = self.cfg
         B, T, _ = x.shape
         q = _dense(c.num_heads * c.head_dim, ("embed", "heads"), c, "q_proj")(x)
@@ -95,7 +95,7 @@ class Attention(nn.Module):
         q = apply_rope(q.reshape(B, T, c.num_heads, c.head_dim), positions, inv)
         k = apply_rope(k.reshape(B, T, c.num_kv_heads, c.head_dim), positions, inv)
         v = v.reshape(B, T, c.num_kv_heads, c.head_dim)
-        cache = kvc.write_layer(cache, layer, k, v, valid)
+        cache = kvc.write_layer(cache, layer, k, v, valid, offset)
         o = attention_fn(q, cache, layer, block_mask)
         o = _dense(c.hidden_size, ("heads", "embed"), c, "o_proj")(o.reshape(B, T, -1))
         return o, cache

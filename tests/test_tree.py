@@ -286,9 +286,6 @@ def test_select_ties_parent_first():
     np.testing.assert_array_equal(tree.parents[0], [-1, 0, 1])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "expand_frontier uses lax.top_k, which ranks -0.0 below +0.0, so equal scores 0.0 and "
-    "-0.0 are not tie-broken by lower index as documented ('ties -> lower index')"))
 def test_frontier_signed_zero_tie():
     # frontier slot 2 has path score -0.0 (equal to 0.0); its child at flat index 6 scores
     # -0.0 + -0.0 = -0.0, index 7 scores -0.0 + 0.0 = +0.0: a tie, so index 6 must win.

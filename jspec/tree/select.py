@@ -39,7 +39,8 @@ def expand_frontier(path_scores: jax.Array, child_logp: jax.Array):
     """
     B, K, _ = child_logp.shape
     scores = (path_scores[:, :, None] + child_logp).reshape(B, K * K)
-    scores = jnp.where(jnp.isnan(scores), -jnp.inf, scores)
+    # + 0.0 turns -0.0 into +0.0: top_k orders -0.0 below +0.0, which would break the tie rule.
+    scores = jnp.where(jnp.isnan(scores), -jnp.inf, scores) + 0.0
     _, keep = jax.lax.top_k(scores, K)   # ties -> lower index, i.e. better-ranked parent
     return scores, keep.astype(jnp.int32)
 
