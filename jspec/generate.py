@@ -23,6 +23,8 @@ import numpy as np
 from jspec import kv_cache as kvc
 from jspec.decode import STOP_REASONS, PlainDecoder
 from jspec.sampling import SamplingConfig
+from jspec.spec_config import SpecConfig
+from jspec.spec_decode import SpecDecoder, tree_shape
 from jspec.sharding import batch_sharding
 from jspec.target import Target
 
@@ -86,17 +88,25 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              key: jax.Array | None = None, stop_ids=None, max_len: int | None = None,
              page_size: int = 16, num_pages: int | None = None,
-             prompt_bucket: int = 16, mesh=None) -> GenerationResult:
-    """Generate continuations of ``prompts`` with the target alone.
+             prompt_bucket: int = 16, mesh=None, drafter=None, spec: SpecConfig | None = None,
+             forced_accept: float = 0.0) -> GenerationResult:
+    """Generate continuations of ``prompts``: with the target alone, or speculatively.
 
     ``prompts``: one prompt or a list; each a string (needs a tokenizer) or token ids.
     ``max_new_tokens``: one limit or one per row. ``stop_ids``: ids that end a row
     (default: the config's EOS ids), or one list per row. ``key`` (or ``seed``) drives
     sampling; each row draws from its own key, so a row samples the same alone or in a batch.
-    ``max_len``: KV slots per row (default: padded prompt + max_new_tokens). ``num_pages``:
-    the page budget (default: enough for every row at ``max_len``). ``mesh``: a
-    ``('data', 'model')`` mesh (:func:`jspec.sharding.make_mesh`); rows are split over
-    ``data`` and the target should be placed with :func:`jspec.sharding.shard_target`.
+    ``max_len``: KV slots per row (default: padded prompt + max_new_tokens, plus the
+    speculative overshoot). ``num_pages``: the page budget (default: enough for every row
+    at ``max_len``). ``mesh``: a ``('data', 'model')`` mesh (:func:`jspec.sharding.make_mesh`);
+    rows are split over ``data`` and the target should be placed with
+    :func:`jspec.sharding.shard_target`.
+
+    ``drafter``: a :class:`jspec.drafters.Drafter`; the output is exactly what the target
+    alone produces (greedy: the same tokens; sampling: the same distribution).
+    ``spec``: tree knobs (default: the drafter's, e.g. (5, 4, 8) for EAGLE).
+    ``forced_accept``: benchmark mode that forces this mean accept length (the output is
+    then *not* the target's; it measures the plumbing apart from drafter quality).
     """
     sampling = SamplingConfig(temperature, top_k, top_p)
     ids, is_text = _as_id_lists(target, prompts)
@@ -105,21 +115,32 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     limits = np.broadcast_to(np.asarray(max_new_tokens, np.int64), (B,)).astype(np.int32)
     if np.any(limits < 0):
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    overshoot = 0
+    if drafter is not None:
+        spec = spec if spec is not None else drafter.default_spec
+        drafter.module.validate(target.config, drafter.params)
+        S, N = tree_shape(drafter.module, spec)
+        if forced_accept and not 1.0 <= forced_accept <= S + 1:
+            raise ValueError(f"forced_accept={forced_accept} must be in [1, S+1={S + 1}]")
+        # A verify writes N slots past the committed length; a row may commit up to S
+        # tokens past its limit before it stops; the drafter's loop needs its own slots.
+        overshoot = max(N, drafter.module.cache_slots(spec)) + S + 1
     cap_new = max(1, int(limits.max()))
     T = int(math.ceil(lens.max() / prompt_bucket) * prompt_bucket)
     if max_len is None:
-        max_len = T + cap_new
+        max_len = T + cap_new + overshoot
     for r in range(B):
-        if lens[r] + limits[r] > max_len:
+        if lens[r] + limits[r] + overshoot > max_len:
+            extra = f" plus {overshoot} slots of speculative overshoot" if overshoot else ""
             raise ValueError(
-                f"prompt {r} has {lens[r]} tokens and asks for {limits[r]} new ones, more than "
-                f"the cache length max_len={max_len}")
+                f"prompt {r} has {lens[r]} tokens and asks for {limits[r]} new ones{extra}, more "
+                f"than the cache length max_len={max_len}")
     max_pages = kvc.pages_needed(max_len, page_size)
     if num_pages is None:
         num_pages = B * max_pages
     # The prefill writes only real prompt positions (padding is masked), so a row needs
-    # its prompt plus its new tokens.
-    need = [int(lens[r] + limits[r]) for r in range(B)]
+    # its prompt, its new tokens and the overshoot.
+    need = [int(lens[r] + limits[r] + overshoot) for r in range(B)]
     page_table = kvc.allocate_page_table(need, page_size, num_pages, max_pages)
 
     prompt = np.zeros((B, T), np.int32)
@@ -136,16 +157,34 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
         rows = [jax.device_put(x, batch_sharding(mesh, x.ndim)) for x in rows]
     else:
         rows = [jnp.asarray(x) for x in rows]
+    prompt_d, lens_d, table_d, stop_d, limits_d = rows
 
-    dec = PlainDecoder(target.config, sampling, cap_new, page_size, num_pages, mesh)
     t0 = time.perf_counter()
-    state = dec.run(target.params, *rows, key)
-    toks, n, reasons = jax.device_get((state.tokens, state.num_generated, state.stop_reason))
+    if drafter is None:
+        dec = PlainDecoder(target.config, sampling, cap_new, page_size, num_pages, mesh)
+        state = dec.run(target.params, prompt_d, lens_d, table_d, stop_d, limits_d, key)
+        iters = state.num_generated
+        hist = None
+    else:
+        dec = SpecDecoder(target.config, drafter.module, spec, sampling, cap_new, page_size,
+                          num_pages, float(forced_accept), mesh)
+        state = dec.run(target.params, drafter.params, prompt_d, lens_d, table_d, table_d, stop_d,
+                        limits_d, key)
+        iters, hist = state.iterations, state.accept_hist
+    toks, n, reasons, iters, hist = jax.device_get(
+        (state.tokens, state.num_generated, state.stop_reason, iters, hist))
     wall = time.perf_counter() - t0
 
     tokens = [toks[r, :n[r]].tolist() for r in range(B)]
-    stats = [{"prompt_len": int(lens[r]), "new_tokens": int(n[r]), "iterations": int(n[r]),
-              "stop_reason": STOP_REASONS[int(reasons[r])]} for r in range(B)]
+    stats = []
+    for r in range(B):
+        row = {"prompt_len": int(lens[r]), "new_tokens": int(n[r]), "iterations": int(iters[r]),
+               "stop_reason": STOP_REASONS[int(reasons[r])]}
+        if hist is not None:
+            h = hist[r]
+            row["accept_hist"] = h.tolist()   # [n] = verify passes that emitted n tokens
+            row["mean_accept_len"] = float((h * np.arange(len(h))).sum() / max(1, h.sum()))
+        stats.append(row)
     text = None
     if target.tokenizer is not None:
         text = [target.tokenizer.decode(t) for t in tokens]

@@ -116,11 +116,11 @@ class DecoderLayer(nn.Module):
     cfg: LlamaConfig
 
     @nn.compact
-    def __call__(self, x, positions, cache, layer, block_mask, valid, attention_fn):
+    def __call__(self, x, positions, cache, layer, block_mask, valid, attention_fn, offset=0):
         c = self.cfg
         h, cache = Attention(c, name="self_attn")(
             RMSNorm(c.hidden_size, c.rms_norm_eps, c.dtype, name="input_layernorm")(x),
-            positions, cache, layer, block_mask, valid, attention_fn)
+            positions, cache, layer, block_mask, valid, attention_fn, offset)
         x = x + h
         x = x + MLP(c, name="mlp")(
             RMSNorm(c.hidden_size, c.rms_norm_eps, c.dtype, name="post_attention_layernorm")(x))

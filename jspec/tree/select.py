@@ -51,8 +51,9 @@ def pool_parent_index(frontier_idx: jax.Array, K: int) -> jax.Array:
     return jnp.repeat(frontier_idx, K, axis=1)
 
 
-def pool_offset(step: int, K: int) -> int:
-    return 0 if step == 0 else K + (step - 1) * K * K
+def pool_offset(step, K: int):
+    """First pool index of step ``step`` (>= 1; may be traced). Step 0 starts at 0."""
+    return K + (step - 1) * K * K
 
 
 def select_tree(root_token: jax.Array, pool_tokens: jax.Array, pool_scores: jax.Array,

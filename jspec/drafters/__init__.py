@@ -1,0 +1,72 @@
+"""Drafters behind one protocol (see :mod:`jspec.drafters.base`): Medusa, EAGLE-1,
+EAGLE-3, MTP, and an oracle for tests and benchmarks."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from jspec.config import LlamaConfig
+from jspec.drafters.base import DrafterMismatchError
+from jspec.drafters.eagle1 import Eagle1
+from jspec.drafters.eagle3 import Eagle3, default_aux_layers
+from jspec.drafters.medusa import Medusa
+from jspec.drafters.mtp import MTP
+from jspec.drafters.oracle import Oracle
+from jspec.spec_config import SpecConfig
+
+DEFAULT_SPECS = {
+    "eagle1": SpecConfig(5, 4, 8),
+    "eagle3": SpecConfig(5, 4, 8),
+    "mtp": SpecConfig.chain(3),
+    "medusa": None,                 # Medusa's own 63-node tree
+    "oracle": SpecConfig(5, 4, 8),
+}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Drafter:
+    """A drafter: ``module`` (a hashable architecture spec such as :class:`Eagle1`) and params."""
+
+    module: Any
+    params: Any
+
+    @property
+    def kind(self) -> str:
+        return self.module.kind
+
+    @property
+    def default_spec(self) -> SpecConfig | None:
+        return DEFAULT_SPECS[self.kind]
+
+
+def draft_layer_config(target: LlamaConfig, **overrides) -> LlamaConfig:
+    """A one-layer decoder config shaped like the target's layers (the usual drafter)."""
+    return target.replace(num_layers=1, **overrides)
+
+
+def random_drafter(kind: str, target_cfg: LlamaConfig, key=None, **kw) -> Drafter:
+    """A drafter with random weights, shaped to fit ``target_cfg`` (tests, benchmarks)."""
+    key = jax.random.key(0) if key is None else key
+    layer = draft_layer_config(target_cfg)
+    V = target_cfg.vocab_size
+    if kind == "eagle1":
+        module = Eagle1(layer, V, **kw)
+    elif kind == "eagle3":
+        kw.setdefault("aux_layers", default_aux_layers(target_cfg.num_layers))
+        module = Eagle3(layer, V, **kw)
+    elif kind == "mtp":
+        module = MTP(layer, V, **kw)
+    elif kind == "medusa":
+        kw.setdefault("num_heads", 4)
+        kw.setdefault("num_layers", 1)
+        module = Medusa(hidden=target_cfg.hidden_size, target_vocab=V, dtype=target_cfg.dtype, **kw)
+    else:
+        raise ValueError(f"unknown drafter kind {kind!r} (eagle1, eagle3, mtp, medusa)")
+    return Drafter(module, module.init_params(key, target_cfg))
+
+
+__all__ = ["Drafter", "DrafterMismatchError", "Eagle1", "Eagle3", "MTP", "Medusa", "Oracle",
+           "DEFAULT_SPECS", "random_drafter", "draft_layer_config", "default_aux_layers"]

@@ -1,0 +1,201 @@
+"""The drafter protocol, and the draft loop shared by the feature-recurrent drafters.
+
+Every drafter is a pair: a frozen, hashable *spec* (architecture and static knobs; a
+static argument of the compiled driver) and a parameter pytree. The driver calls:
+
+- ``init_state(batch, page_table, num_pages, page_size)`` -> drafter state (inside jit);
+- ``prefill(params, target, state, feats, next_tokens, lens)`` after the target prefill:
+  ``feats [B, T, F]`` are the target's features at each prompt position and
+  ``next_tokens [B, T]`` the token that follows each position (prompt shifted by one,
+  then the first generated token);
+- ``propose(params, target, state, root, spec)`` -> :class:`~jspec.tree.build.DraftTree`
+  (N nodes, root = the last emitted token); ``target`` is ``(target_config, target_params)``;
+- ``extend(params, target, state, feats, next_tokens, n)`` after verification with the
+  accepted nodes' features ``[B, S+1, F]`` and the tokens emitted after them; ``n`` per row.
+
+Feature-recurrent drafters (EAGLE-1, EAGLE-3, MTP) share :class:`RecurrentDrafter`:
+they differ only in their network (how a token embedding and a feature combine, and
+the head), while the EAGLE-2 tree loop, the drafter's own one-layer paged KV and the
+bookkeeping are here once.
+
+Draft positions: draft position i holds the pair (feature of target position i,
+token i+1) and predicts token i+2, so the drafter's committed length always equals
+the target's. A tree node at depth d sits at draft position ``L - 1 + d`` (L = the
+committed length); the tree loop writes step s (depth s) into transient slots
+``L + (s-1)K .. L + sK - 1``, past the committed length, and ``extend`` overwrites them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jspec import kv_cache as kvc
+from jspec.config import LlamaConfig
+from jspec.shapes import Float
+from jspec.spec_config import SpecConfig
+from jspec.tree.build import DraftTree
+from jspec.tree.select import expand_frontier, pool_offset, pool_parent_index, select_tree
+
+
+class DrafterMismatchError(ValueError):
+    """A drafter does not fit the target it is paired with."""
+
+
+def target_embedding(target_params) -> jax.Array:
+    return target_params["embed_tokens"]["embedding"]
+
+
+def target_head(target_cfg: LlamaConfig, target_params) -> jax.Array:
+    """``[H, V]`` LM head of the target (the transposed embedding when tied)."""
+    if target_cfg.tie_word_embeddings:
+        return target_embedding(target_params).T
+    return target_params["lm_head"]["kernel"]
+
+
+@struct.dataclass
+class RecurrentState:
+    cache: kvc.PagedKVCache
+    feature: Float["B H"]      # the drafter's output at the root's draft position
+    logits: Float["B Vd"]      # its distribution over the root's children
+
+
+@dataclasses.dataclass(frozen=True)
+class RecurrentDrafter:
+    """Base for EAGLE-1 / EAGLE-3 / MTP specs. Subclasses define the network."""
+
+    layer: LlamaConfig          # the drafter's decoder layer (num_layers = 1)
+    target_vocab: int
+
+    kind = "recurrent"
+    feature_source = "final"    # "final": target's post-norm hidden; "aux": concat of aux states
+    aux_layers: tuple[int, ...] = ()
+    cache_layers = 1
+
+    # -------------------------------------------------------- network hooks
+    def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
+                  cache, block_mask, valid, offset):
+        """-> ``(feature_out [B,T,H], draft logits [B,T,Vd] fp32, cache)``.
+
+        ``step`` is None for committed positions (``feats`` are the target's features)
+        and the tree-loop step s >= 1 (traced) otherwise (``feats`` are the drafter's own).
+        """
+        raise NotImplementedError
+
+    def init_params(self, key, target_cfg: LlamaConfig):
+        """Random parameters (tests, benchmarks, training from scratch)."""
+        raise NotImplementedError
+
+    def _dummy(self, target_cfg: LlamaConfig, feat_width: int):
+        c = self.layer
+        cache = kvc.init_cache(self.cache_layers, c.num_kv_heads, c.head_dim,
+                               jnp.zeros((1, 1), jnp.int32), 1, 8, c.dtype)
+        z = jnp.zeros((1, 1), jnp.int32)
+        return (jnp.zeros((1, 1, target_cfg.hidden_size), c.dtype),
+                jnp.zeros((1, 1, feat_width), c.dtype), z, cache)
+
+    def to_target_ids(self, params, draft_ids: jax.Array) -> jax.Array:
+        return draft_ids
+
+    def validate(self, target_cfg: LlamaConfig, params=None) -> None:
+        if target_cfg.vocab_size != self.target_vocab:
+            raise DrafterMismatchError(
+                f"{self.kind} drafter was built for a vocabulary of {self.target_vocab} tokens, "
+                f"the target has {target_cfg.vocab_size}")
+        if target_cfg.hidden_size != self.layer.hidden_size:
+            raise DrafterMismatchError(
+                f"{self.kind} drafter has hidden size {self.layer.hidden_size}, the target "
+                f"{target_cfg.hidden_size}")
+
+    # ------------------------------------------------------------ protocol
+    def cache_slots(self, spec: SpecConfig) -> int:
+        """Draft KV slots a row needs past its committed length."""
+        return max((spec.num_steps - 1) * spec.topk, spec.num_steps + 1)
+
+    def init_state(self, batch: int, page_table, num_pages: int, page_size: int) -> RecurrentState:
+        c = self.layer
+        cache = kvc.init_cache(self.cache_layers, c.num_kv_heads, c.head_dim, page_table, num_pages,
+                               page_size, c.dtype)
+        return RecurrentState(cache=cache, feature=jnp.zeros((batch, c.hidden_size), c.dtype),
+                              logits=jnp.zeros((batch, self.draft_vocab), jnp.float32))
+
+    @property
+    def draft_vocab(self) -> int:
+        return self.target_vocab
+
+    def _run_committed(self, params, target, state: RecurrentState, feats, next_tokens, n):
+        """Feed (feature, next token) pairs at the committed end; keep ``n`` per row."""
+        cfg, tparams = target
+        B, T = next_tokens.shape
+        j = jnp.arange(T, dtype=jnp.int32)[None]
+        pos = state.cache.lengths[:, None] + j
+        valid = j < n[:, None]
+        out, logits, cache = self.net_apply(params, cfg, tparams, next_tokens, feats, None, pos,
+                                            state.cache, None, valid, 0)
+        last = jnp.maximum(n - 1, 0)
+        take = lambda x: jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
+        keep = n > 0
+        return RecurrentState(
+            cache=kvc.advance(cache, n),
+            feature=jnp.where(keep[:, None], take(out), state.feature),
+            logits=jnp.where(keep[:, None], take(logits), state.logits))
+
+    def prefill(self, params, target, state, feats, next_tokens, lens):
+        return self._run_committed(params, target, state, feats, next_tokens, lens)
+
+    def extend(self, params, target, state, feats, next_tokens, n):
+        return self._run_committed(params, target, state, feats, next_tokens, n)
+
+    def propose(self, params, target, state: RecurrentState, root: jax.Array,
+                spec: SpecConfig) -> DraftTree:
+        """The EAGLE-2 loop: S-1 recurrent steps of K frontier paths, then selection."""
+        cfg, tparams = target
+        S, K, N = spec.num_steps, spec.topk, spec.num_draft_tokens
+        B = root.shape[0]
+        W = max((S - 1) * K, 1)                                  # transient window
+        logp0, tok0 = jax.lax.top_k(jax.nn.log_softmax(state.logits, -1), K)
+        base = state.cache.lengths - 1                           # root's draft position
+
+        def step(carry, s):
+            f_scores, f_idx, f_tok, f_feat, f_anc, cache = carry
+            slot = (s - 1) * K + jnp.arange(K)                   # this step's transient slots
+            self_mask = jax.nn.one_hot(slot, W, dtype=bool)[None]
+            mask = f_anc | self_mask
+            pos = jnp.broadcast_to((base + s)[:, None], (B, K))
+            out, logits, cache = self.net_apply(
+                params, cfg, tparams, self.to_target_ids(params, f_tok), f_feat, s, pos, cache,
+                mask, None, (s - 1) * K)
+            c_logp, c_tok = jax.lax.top_k(jax.nn.log_softmax(logits, -1), K)   # [B, K, K]
+            scores, keep = expand_frontier(f_scores, c_logp)
+            parent_slot = keep // K
+            new = (
+                jnp.take_along_axis(scores, keep, 1),
+                pool_offset(s, K) + keep,
+                jnp.take_along_axis(c_tok.reshape(B, K * K), keep, 1),
+                jnp.take_along_axis(out, parent_slot[..., None], 1),
+                jnp.take_along_axis(mask, parent_slot[..., None], 1),
+                cache)
+            return new, (c_tok.reshape(B, K * K), scores, pool_parent_index(f_idx, K))
+
+        f_feat = jnp.broadcast_to(state.feature[:, None], (B, K, state.feature.shape[-1]))
+        init = (logp0, jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K)), tok0, f_feat,
+                jnp.zeros((B, K, W), bool), state.cache)
+        pool_tok, pool_sc, pool_par = [tok0], [logp0], [jnp.full((B, K), -1, jnp.int32)]
+        if S > 1:
+            carry, (toks, scores, parents) = jax.lax.scan(step, init, jnp.arange(1, S))
+            # [S-1, B, K*K] -> [B, (S-1) K*K], in pool order.
+            flat = lambda x: jnp.moveaxis(x, 0, 1).reshape(B, -1)
+            pool_tok.append(flat(toks))
+            pool_sc.append(flat(scores))
+            pool_par.append(flat(parents))
+        # The transient KV writes are dropped with the loop's cache: extend rewrites them.
+        tree, _ = select_tree(root, self.to_target_ids(params, jnp.concatenate(pool_tok, 1)),
+                              jnp.concatenate(pool_sc, 1), jnp.concatenate(pool_par, 1), N, S)
+        return tree
+
+
+Drafter = Any  # a spec object implementing the protocol above

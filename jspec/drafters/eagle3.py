@@ -1,0 +1,135 @@
+"""EAGLE-3: fuses three target layers and drafts over a reduced vocabulary.
+
+At committed positions the feature is ``fc(cat(aux_low, aux_mid, aux_high))`` (width
+3H -> H), optionally normalised first (``fc_norm``: ``"full"`` one RMSNorm over 3H,
+``"per_chunk"`` one per H-wide chunk). In the tree loop the feature is the drafter's
+own previous (pre-norm) output. The decoder layer's attention reads
+``cat(input_layernorm(embed(x)), hidden_norm(h))`` (width 2H, embedding first); its
+residual is h (or ``hidden_norm(h)`` with ``norm_before_residual``). Logits come from
+its own ``norm`` + ``lm_head`` over the draft vocabulary ``Vd``; ``d2t`` maps a draft id
+to a target id as an offset: ``target = draft + d2t[draft]`` (``t2d`` is not needed).
+
+Aux-layer convention: ``aux_layers`` are target layer indices whose *input* residual
+stream is read, i.e. Hugging Face ``output_hidden_states[i]``; the default for an
+L-layer target is ``(2, L // 2, L - 3)``. SafeAILab/SpecForge configs that list
+``eagle_aux_hidden_state_layer_ids`` count *outputs* of layers; the loader adds one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from jspec.attention import paged_attention_ref
+from jspec.config import LlamaConfig
+from jspec.drafters.base import DrafterMismatchError, RecurrentDrafter, target_embedding
+from jspec.llama import MLP, Attention, RMSNorm, _dense
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    return (2, num_layers // 2, num_layers - 3)
+
+
+class Eagle3Net(nn.Module):
+    cfg: LlamaConfig
+    draft_vocab: int
+    fc_norm: str = "none"              # "none" | "full" | "per_chunk"
+    norm_before_residual: bool = False
+
+    @nn.compact
+    def __call__(self, emb, feats, from_target: bool, positions, cache, block_mask, valid, offset):
+        c = self.cfg
+        H = c.hidden_size
+        norm = lambda n, name: RMSNorm(n, c.rms_norm_eps, c.dtype, name=name)
+        if from_target:
+            if self.fc_norm == "full":
+                feats = norm(3 * H, "fc_norm")(feats)
+            elif self.fc_norm == "per_chunk":
+                feats = jnp.concatenate([norm(H, f"fc_norm_{i}")(feats[..., i * H:(i + 1) * H])
+                                         for i in range(3)], -1)
+            h = _dense(H, ("embed", "embed"), c, "fc")(feats.astype(c.dtype))
+        else:
+            h = feats
+        hn = norm(H, "hidden_norm")(h)
+        residual = hn if self.norm_before_residual else h
+        x = jnp.concatenate([norm(H, "input_layernorm")(emb), hn], -1)
+        a, cache = Attention(c, name="self_attn")(x, positions, cache, 0, block_mask, valid,
+                                                  paged_attention_ref, offset)
+        x = residual + a
+        out = x + MLP(c, name="mlp")(norm(H, "post_attention_layernorm")(x))
+        logits = _dense(self.draft_vocab, ("embed", "vocab"), c, "lm_head")(norm(H, "norm")(out))
+        return out, logits.astype(jnp.float32), cache
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle3(RecurrentDrafter):
+    aux_layers: tuple[int, ...] = ()
+    vocab_size: int = 0                # draft vocabulary Vd (0: same as the target)
+    fc_norm: str = "none"
+    norm_before_residual: bool = False
+    kind = "eagle3"
+    feature_source = "aux"
+
+    @property
+    def draft_vocab(self) -> int:
+        return self.vocab_size or self.target_vocab
+
+    @property
+    def net(self):
+        return Eagle3Net(self.layer, self.draft_vocab, self.fc_norm, self.norm_before_residual)
+
+    def init_params(self, key, target_cfg):
+        emb, feats, pos, cache = self._dummy(target_cfg, 3 * target_cfg.hidden_size)
+        params = {"net": self.net.init(key, emb, feats, True, pos, cache, None, None, 0)["params"]}
+        if self.draft_vocab != self.target_vocab:  # identity-prefix map: draft id i -> target id i
+            params["d2t"] = jnp.zeros((self.draft_vocab,), jnp.int32)
+        return params
+
+    def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
+                  cache, block_mask, valid, offset):
+        emb = target_embedding(target_params)[tokens]
+        return self.net.apply({"params": params["net"]}, emb, feats, step is None, positions, cache,
+                              block_mask, valid, offset)
+
+    def to_target_ids(self, params, draft_ids):
+        if "d2t" not in params:
+            return draft_ids
+        return draft_ids + params["d2t"][draft_ids]
+
+    def validate(self, target_cfg: LlamaConfig, params=None) -> None:
+        super().validate(target_cfg, params)
+        L = target_cfg.num_layers
+        if len(self.aux_layers) != 3:
+            raise DrafterMismatchError(
+                f"eagle3 drafter reads 3 aux layers, config lists {len(self.aux_layers)}: "
+                f"{self.aux_layers}")
+        bad = [i for i in self.aux_layers if not 0 <= i < L]
+        if bad:
+            raise DrafterMismatchError(
+                f"eagle3 aux layer {bad[0]} does not exist in a {L}-layer target (aux_layers "
+                f"index the residual stream entering a layer: 0 .. {L - 1})")
+        if params is not None:
+            check_d2t(params.get("d2t"), self.draft_vocab, target_cfg.vocab_size)
+
+
+def check_d2t(d2t, draft_vocab: int, target_vocab: int) -> None:
+    """``d2t`` must have one entry per draft id and map every draft id into the target vocab."""
+    import numpy as np
+    if d2t is None:
+        if draft_vocab != target_vocab:
+            raise DrafterMismatchError(
+                f"eagle3 draft vocabulary ({draft_vocab}) differs from the target's "
+                f"({target_vocab}) but the checkpoint has no d2t map")
+        return
+    d2t = np.asarray(d2t)
+    if d2t.shape != (draft_vocab,):
+        raise DrafterMismatchError(
+            f"d2t has shape {d2t.shape}, expected ({draft_vocab},) (one offset per draft id)")
+    tgt = np.arange(draft_vocab) + d2t
+    if tgt.min() < 0 or tgt.max() >= target_vocab:
+        bad = int(np.flatnonzero((tgt < 0) | (tgt >= target_vocab))[0])
+        raise DrafterMismatchError(
+            f"d2t maps draft id {bad} to target id {int(tgt[bad])}, outside the target "
+            f"vocabulary [0, {target_vocab})")

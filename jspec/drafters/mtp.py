@@ -1,0 +1,99 @@
+"""MTP: DeepSeek-V3-style multi-token prediction modules.
+
+A module combines ``eh_proj(cat(enorm(embed(x)), hnorm(h)))``, runs a full decoder
+block, and predicts through ``shared_head`` (its own ``norm`` + ``head``, or the
+target's LM head when the checkpoint has none). Embeddings at position 0 are zeroed.
+The feature h is the target's final post-norm hidden state at committed positions
+and the module's own output in the tree loop.
+
+One module reused for every draft step (``num_modules = 1``, the usual serving mode),
+or one module per step: step s uses module ``min(s, M - 1)``. Each module keeps its own
+KV layer; at committed positions every module is fed the target's (feature, token)
+pairs, which is what its attention history needs to exist. (A module k >= 1 was trained
+on module k-1's outputs rather than the target's; that affects acceptance, never
+exactness, which the target's verification guarantees.)
+
+Checkpoint (DeepSeek layout): ``model.layers.{L+k}.{enorm,hnorm}.weight``,
+``.eh_proj.weight [H, 2H]``, the decoder block under the same prefix
+(``self_attn.*``, ``mlp.*``, ``input_layernorm``, ``post_attention_layernorm``), and
+``.shared_head.{norm,head}.weight``; ``.embed_tokens.weight`` is ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jspec.attention import paged_attention_ref
+from jspec.config import LlamaConfig
+from jspec.drafters.base import RecurrentDrafter, target_embedding, target_head
+from jspec.llama import DecoderLayer, RMSNorm, _dense
+
+
+class MTPModule(nn.Module):
+    cfg: LlamaConfig
+    own_head: bool
+    vocab: int
+    layer_index: int = 0
+
+    @nn.compact
+    def __call__(self, emb, feats, positions, cache, block_mask, valid, offset, head=None):
+        c = self.cfg
+        H = c.hidden_size
+        norm = lambda name: RMSNorm(H, c.rms_norm_eps, c.dtype, name=name)
+        emb = jnp.where((positions == 0)[..., None], 0, emb)
+        x = _dense(H, ("embed", "embed"), c, "eh_proj")(
+            jnp.concatenate([norm("enorm")(emb), norm("hnorm")(feats.astype(c.dtype))], -1))
+        x, cache = DecoderLayer(c, name="block")(x, positions, cache, self.layer_index, block_mask,
+                                                valid, paged_attention_ref, offset)
+        hn = norm("shared_head_norm")(x)
+        if self.own_head:
+            logits = _dense(self.vocab, ("embed", "vocab"), c, "shared_head_head")(hn)
+        else:
+            logits = hn @ head.astype(hn.dtype)
+        return x, logits.astype(jnp.float32), cache
+
+
+@dataclasses.dataclass(frozen=True)
+class MTP(RecurrentDrafter):
+    num_modules: int = 1
+    own_head: bool = True
+    kind = "mtp"
+
+    @property
+    def cache_layers(self) -> int:
+        return self.num_modules
+
+    def module(self, m: int) -> MTPModule:
+        return MTPModule(self.layer, self.own_head, self.target_vocab, m)
+
+    def init_params(self, key, target_cfg):
+        emb, feats, pos, cache = self._dummy(target_cfg, target_cfg.hidden_size)
+        head = jnp.zeros((target_cfg.hidden_size, target_cfg.vocab_size), self.layer.dtype)
+        keys = jax.random.split(key, self.num_modules)
+        return {"net": {f"module_{m}": self.module(m).init(
+            keys[m], emb, feats, pos, cache, None, None, 0, head)["params"]
+            for m in range(self.num_modules)}}
+
+    def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
+                  cache, block_mask, valid, offset):
+        emb = target_embedding(target_params)[tokens]
+        head = None if self.own_head else target_head(target_cfg, target_params)
+
+        def run(m, cache):
+            return self.module(m).apply({"params": params["net"][f"module_{m}"]}, emb, feats,
+                                        positions, cache, block_mask, valid, offset, head)
+
+        if step is None:
+            # Committed positions: every module records its KV; module 0 drafts next.
+            out, logits, cache = run(0, cache)
+            for m in range(1, self.num_modules):
+                _, _, cache = run(m, cache)
+            return out, logits, cache
+        if self.num_modules == 1:
+            return run(0, cache)
+        branches = [lambda c, m=m: run(m, c) for m in range(self.num_modules)]
+        return jax.lax.switch(jnp.minimum(step, self.num_modules - 1), branches, cache)

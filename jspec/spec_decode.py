@@ -1,0 +1,211 @@
+"""The speculative driver: prefill, then one ``lax.while_loop`` of
+{draft, verify with tree attention, walk or sample, commit, draft extend}.
+
+Like :class:`~jspec.decode.PlainDecoder`, :class:`SpecDecoder` holds only static,
+hashable settings (target config, drafter spec, tree knobs, sampling) and is jitted
+with ``static_argnames=('self',)``. Every row accepts its own number of tokens per
+iteration; a row that is done (stop id, its own limit, or a full cache) keeps riding
+along without committing anything.
+
+Per iteration, for the target: the N tree nodes are written to N slots after each
+row's committed length (positions ``length + depth``), the walk picks the accepted
+path, :func:`~jspec.verify.commit_accepted` moves its KV to the front and advances
+the length. The emitted tokens are the accepted drafts plus the bonus token; the
+bonus becomes the next tree's root (its KV is written by the next verify).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jspec import kv_cache as kvc
+from jspec.config import LlamaConfig
+from jspec.decode import CACHE_FULL, MAX_NEW_TOKENS, RUNNING, STOP_TOKEN, TRACE_COUNTS
+from jspec.llama import Llama
+from jspec.sampling import SamplingConfig, sample, target_probs
+from jspec.shapes import Bool, Int, Key
+from jspec.spec_config import SpecConfig
+from jspec.verify import commit_accepted, emitted_tokens, greedy_walk, tree_sample_walk
+
+
+def tree_shape(drafter, spec: SpecConfig | None) -> tuple[int, int]:
+    """``(S, N)``: max tree depth and node count for this drafter and knobs."""
+    if hasattr(drafter, "tree"):                       # static-tree drafters (Medusa)
+        t = drafter.tree(spec)
+        return t.depth, t.num_nodes
+    return spec.num_steps, spec.num_draft_tokens
+
+
+@struct.dataclass
+class SpecState:
+    cache: kvc.PagedKVCache
+    draft: Any                       # the drafter's own state pytree
+    root: Int["B"]                   # last emitted token: the next tree's root
+    tokens: Int["B out"]             # generated ids (out = max_new + S + 1 for overflow)
+    num_generated: Int["B"]
+    done: Bool["B"]
+    stop_reason: Int["B"]
+    iterations: Int["B"]             # verify passes while the row was live
+    accept_hist: Int["B A1"]         # accept_hist[b, n] = iterations that emitted n tokens
+    row_keys: Key["B"]
+    step: Int[""]
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecDecoder:
+    config: LlamaConfig
+    drafter: Any                     # drafter spec (frozen dataclass)
+    spec: SpecConfig | None
+    sampling: SamplingConfig
+    max_new_tokens: int
+    page_size: int
+    num_pages: int
+    forced_accept: float = 0.0       # > 0: benchmark mode, force this mean accept length
+    mesh: Any = None
+
+    @property
+    def model(self) -> Llama:
+        return Llama(self.config)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tree_shape(self.drafter, self.spec)
+
+    @property
+    def aux_layers(self) -> tuple[int, ...]:
+        return tuple(self.drafter.aux_layers) if self.drafter.feature_source == "aux" else ()
+
+    def features(self, hidden, aux):
+        return jnp.concatenate(aux, -1) if self.aux_layers else hidden
+
+    # --------------------------------------------------------------- phases
+    def prefill(self, params, dparams, prompt, prompt_lens, page_table, draft_table, key):
+        c = self.config
+        B, T = prompt.shape
+        cache = kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, page_table,
+                               self.num_pages, self.page_size, c.dtype)
+        pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        valid = pos < prompt_lens[:, None]
+        hidden, aux, cache = self.model.apply({"params": params}, prompt, pos, cache, valid=valid,
+                                              aux_layers=self.aux_layers)
+        last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
+        logits = self.model.apply({"params": params}, last, method=Llama.logits)
+        row_keys = jax.random.split(key, B)
+        first = sample(logits, jax.vmap(jax.random.fold_in)(row_keys, jnp.zeros(B, jnp.int32)),
+                       self.sampling)
+        # Pairs (feature at i, token i+1): the prompt shifted by one, then the first token.
+        nxt = jnp.concatenate([prompt[:, 1:], jnp.zeros((B, 1), prompt.dtype)], 1)
+        nxt = jnp.where(pos == (prompt_lens - 1)[:, None], first[:, None], nxt)
+        d = self.drafter
+        dstate = d.init_state(B, draft_table, self.num_pages, self.page_size)
+        dstate = d.prefill(dparams, (c, params), dstate, self.features(hidden, aux), nxt, prompt_lens)
+        return cache.replace(lengths=prompt_lens.astype(jnp.int32)), dstate, first, row_keys
+
+    def verify(self, params, cache, tree):
+        pos = cache.lengths[:, None] + tree.depths
+        hidden, aux, cache = self.model.apply({"params": params}, tree.tokens, pos, cache,
+                                              block_mask=tree.mask(), aux_layers=self.aux_layers)
+        logits = self.model.apply({"params": params}, hidden, method=Llama.logits)
+        return logits, self.features(hidden, aux), cache
+
+    def walk(self, tree, logits, keys):
+        S, _ = self.shape
+        if self.sampling.greedy:
+            return greedy_walk(tree, jnp.argmax(logits, -1).astype(jnp.int32), S)
+        probs = target_probs(logits, self.sampling)
+        ka, kb = jax.vmap(jax.random.split, out_axes=1)(keys)
+        u_acc = jax.vmap(lambda k: jax.random.uniform(k, (tree.num_nodes,)))(ka)
+        u_bonus = jax.vmap(jax.random.uniform)(kb)
+        return tree_sample_walk(tree, probs, u_acc, u_bonus, S)
+
+    def force_accept(self, tree, logits, keys):
+        """Benchmark mode: accept the first-child chain to a forced length (mean
+        ``forced_accept``); the bonus is the target's argmax there. Not exact output."""
+        S, _ = self.shape
+        B = tree.tokens.shape[0]
+        base = int(self.forced_accept)
+        extra = jax.vmap(jax.random.uniform)(keys) < (self.forced_accept - base)
+        want = jnp.clip(base + extra.astype(jnp.int32), 1, S + 1)
+        cur = jnp.zeros((B,), jnp.int32)
+        path = [cur]
+        for d in range(1, S + 1):
+            child = tree.first_child[jnp.arange(B), cur]
+            ok = (child >= 0) & (d < want) & (path[-1] >= 0)
+            cur = jnp.where(ok, child, cur)
+            path.append(jnp.where(ok, child, -1))
+        idx = jnp.stack(path, 1)
+        n = jnp.sum(idx >= 0, 1).astype(jnp.int32)
+        return idx, n, jnp.argmax(logits[jnp.arange(B), cur], -1).astype(jnp.int32)
+
+    def emit(self, s: SpecState, toks, n, stop_ids, max_new) -> SpecState:
+        """Append up to ``n`` tokens per live row, cut at a stop id or the row's limit."""
+        B, A = toks.shape
+        live = ~s.done
+        j = jnp.arange(A)[None]
+        is_stop = jnp.any(toks[:, :, None] == stop_ids[:, None, :], -1) & (j < n[:, None])
+        first_stop = jnp.where(jnp.any(is_stop, 1), jnp.argmax(is_stop, 1) + 1, A + 1)
+        budget = max_new - s.num_generated
+        m = jnp.where(live, jnp.minimum(jnp.minimum(n, budget), first_stop), 0)
+        dst = jnp.where(j < m[:, None], s.num_generated[:, None] + j, s.tokens.shape[1])
+        tokens = s.tokens.at[jnp.arange(B)[:, None], dst].set(toks, mode="drop")
+        num = s.num_generated + m
+        _, N = self.shape
+        full = s.cache.lengths + N > s.cache.capacity   # the next verify writes N slots
+        hit = live & (first_stop <= m)
+        reason = jnp.where(hit, STOP_TOKEN, jnp.where(num >= max_new, MAX_NEW_TOKENS,
+                                                      jnp.where(full, CACHE_FULL, RUNNING)))
+        reason = jnp.where(live, reason, s.stop_reason)
+        return s.replace(tokens=tokens, num_generated=num, done=s.done | (reason != RUNNING),
+                         stop_reason=reason)
+
+    def iterate(self, params, dparams, s: SpecState, stop_ids, max_new) -> SpecState:
+        c = self.config
+        S, N = self.shape
+        live = ~s.done
+        keys = jax.vmap(jax.random.fold_in)(s.row_keys, s.iterations + 1)
+        tree = self.drafter.propose(dparams, (c, params), s.draft, s.root, self.spec)
+        logits, feats, cache = self.verify(params, s.cache, tree)
+        if self.forced_accept:
+            idx, n, bonus = self.force_accept(tree, logits, keys)
+        else:
+            idx, n, bonus = self.walk(tree, logits, keys)
+        n = jnp.where(live, n, 0)
+        cache, acc_feats = commit_accepted(cache, feats, idx, n)
+        toks, _ = emitted_tokens(tree, idx, jnp.maximum(n, 1), bonus)
+        dstate = self.drafter.extend(dparams, (c, params), s.draft, acc_feats, toks, n)
+        hist = s.accept_hist.at[jnp.arange(toks.shape[0]), n].add(live.astype(jnp.int32))
+        s = s.replace(cache=cache, draft=dstate, root=jnp.where(live, bonus, s.root),
+                      iterations=s.iterations + live.astype(jnp.int32), accept_hist=hist,
+                      step=s.step + 1)
+        return self.emit(s, toks, n, stop_ids, max_new)
+
+    # ------------------------------------------------------------------ run
+    def initial_state(self, params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids,
+                      max_new, key) -> SpecState:
+        S, _ = self.shape
+        B = prompt.shape[0]
+        cache, dstate, first, row_keys = self.prefill(params, dparams, prompt, prompt_lens,
+                                                      page_table, draft_table, key)
+        s = SpecState(
+            cache=cache, draft=dstate, root=first,
+            tokens=jnp.zeros((B, self.max_new_tokens + S + 1), jnp.int32),
+            num_generated=jnp.zeros((B,), jnp.int32), done=max_new <= 0,
+            stop_reason=jnp.where(max_new <= 0, MAX_NEW_TOKENS, RUNNING),
+            iterations=jnp.zeros((B,), jnp.int32), accept_hist=jnp.zeros((B, S + 2), jnp.int32),
+            row_keys=row_keys, step=jnp.zeros((), jnp.int32))
+        return self.emit(s, first[:, None], jnp.ones((B,), jnp.int32), stop_ids, max_new)
+
+    @functools.partial(jax.jit, static_argnames=("self",))
+    def run(self, params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids, max_new,
+            key) -> SpecState:
+        TRACE_COUNTS["spec"] += 1
+        s = self.initial_state(params, dparams, prompt, prompt_lens, page_table, draft_table,
+                               stop_ids, max_new, key)
+        return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
+                                  lambda s: self.iterate(params, dparams, s, stop_ids, max_new), s)
