@@ -36,6 +36,7 @@ class GenerationResult:
     text: list[str] | None = None    # decoded continuations, when the target has a tokenizer
     wall_s: float = 0.0              # whole call, including any compilation
     tokens_per_s: float = 0.0        # generated tokens / wall_s
+    profile: dict | None = None      # draft / verify / other seconds and shares (profile=True)
 
     def summary(self) -> dict:
         return {"num_rows": len(self.tokens), "new_tokens": sum(map(len, self.tokens)),
@@ -89,7 +90,7 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
              key: jax.Array | None = None, stop_ids=None, max_len: int | None = None,
              page_size: int = 16, num_pages: int | None = None,
              prompt_bucket: int = 16, mesh=None, drafter=None, spec: SpecConfig | None = None,
-             forced_accept: float = 0.0) -> GenerationResult:
+             forced_accept: float = 0.0, profile: bool = False) -> GenerationResult:
     """Generate continuations of ``prompts``: with the target alone, or speculatively.
 
     ``prompts``: one prompt or a list; each a string (needs a tokenizer) or token ids.
@@ -107,6 +108,8 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     ``spec``: tree knobs (default: the drafter's, e.g. (5, 4, 8) for EAGLE).
     ``forced_accept``: benchmark mode that forces this mean accept length (the output is
     then *not* the target's; it measures the plumbing apart from drafter quality).
+    ``profile``: run the speculative loop phase by phase from the host and report the
+    draft / verify / other time shares in ``result.profile`` (slower; for diagnosis).
     """
     sampling = SamplingConfig(temperature, top_k, top_p)
     ids, is_text = _as_id_lists(target, prompts)
@@ -159,6 +162,7 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
         rows = [jnp.asarray(x) for x in rows]
     prompt_d, lens_d, table_d, stop_d, limits_d = rows
 
+    prof = None
     t0 = time.perf_counter()
     if drafter is None:
         dec = PlainDecoder(target.config, sampling, cap_new, page_size, num_pages, mesh)
@@ -168,8 +172,12 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     else:
         dec = SpecDecoder(target.config, drafter.module, spec, sampling, cap_new, page_size,
                           num_pages, float(forced_accept), mesh)
-        state = dec.run(target.params, drafter.params, prompt_d, lens_d, table_d, table_d, stop_d,
-                        limits_d, key)
+        args = (target.params, drafter.params, prompt_d, lens_d, table_d, table_d, stop_d, limits_d,
+                key)
+        if profile:
+            state, prof = dec.profile(*args)
+        else:
+            state = dec.run(*args)
         iters, hist = state.iterations, state.accept_hist
     toks, n, reasons, iters, hist = jax.device_get(
         (state.tokens, state.num_generated, state.stop_reason, iters, hist))
@@ -179,7 +187,9 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     stats = []
     for r in range(B):
         row = {"prompt_len": int(lens[r]), "new_tokens": int(n[r]), "iterations": int(iters[r]),
-               "stop_reason": STOP_REASONS[int(reasons[r])]}
+               "stop_reason": STOP_REASONS[int(reasons[r])],
+               # Rows run side by side, so a row's rate is its tokens over the whole call.
+               "tokens_per_s": float(n[r] / wall) if wall > 0 else 0.0}
         if hist is not None:
             h = hist[r]
             row["accept_hist"] = h.tolist()   # [n] = verify passes that emitted n tokens
@@ -190,4 +200,4 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
         text = [target.tokenizer.decode(t) for t in tokens]
     total = int(n.sum())
     return GenerationResult(tokens=tokens, stats=stats, text=text, wall_s=wall,
-                            tokens_per_s=total / wall if wall > 0 else 0.0)
+                            tokens_per_s=total / wall if wall > 0 else 0.0, profile=prof)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import Any
 
 import jax
@@ -164,13 +165,14 @@ class SpecDecoder:
         return s.replace(tokens=tokens, num_generated=num, done=s.done | (reason != RUNNING),
                          stop_reason=reason)
 
-    def iterate(self, params, dparams, s: SpecState, stop_ids, max_new) -> SpecState:
-        c = self.config
-        S, N = self.shape
+    def draft_phase(self, params, dparams, s: SpecState):
+        return self.drafter.propose(dparams, (self.config, params), s.draft, s.root, self.spec)
+
+    def finish_phase(self, params, dparams, s: SpecState, tree, logits, feats, cache, stop_ids,
+                     max_new) -> SpecState:
+        """Walk or sample, commit the accepted path, extend the drafter, emit tokens."""
         live = ~s.done
         keys = jax.vmap(jax.random.fold_in)(s.row_keys, s.iterations + 1)
-        tree = self.drafter.propose(dparams, (c, params), s.draft, s.root, self.spec)
-        logits, feats, cache = self.verify(params, s.cache, tree)
         if self.forced_accept:
             idx, n, bonus = self.force_accept(tree, logits, keys)
         else:
@@ -178,12 +180,17 @@ class SpecDecoder:
         n = jnp.where(live, n, 0)
         cache, acc_feats = commit_accepted(cache, feats, idx, n)
         toks, _ = emitted_tokens(tree, idx, jnp.maximum(n, 1), bonus)
-        dstate = self.drafter.extend(dparams, (c, params), s.draft, acc_feats, toks, n)
+        dstate = self.drafter.extend(dparams, (self.config, params), s.draft, acc_feats, toks, n)
         hist = s.accept_hist.at[jnp.arange(toks.shape[0]), n].add(live.astype(jnp.int32))
         s = s.replace(cache=cache, draft=dstate, root=jnp.where(live, bonus, s.root),
                       iterations=s.iterations + live.astype(jnp.int32), accept_hist=hist,
                       step=s.step + 1)
         return self.emit(s, toks, n, stop_ids, max_new)
+
+    def iterate(self, params, dparams, s: SpecState, stop_ids, max_new) -> SpecState:
+        tree = self.draft_phase(params, dparams, s)
+        logits, feats, cache = self.verify(params, s.cache, tree)
+        return self.finish_phase(params, dparams, s, tree, logits, feats, cache, stop_ids, max_new)
 
     # ------------------------------------------------------------------ run
     def initial_state(self, params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids,
@@ -209,3 +216,35 @@ class SpecDecoder:
                                stop_ids, max_new, key)
         return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
                                   lambda s: self.iterate(params, dparams, s, stop_ids, max_new), s)
+
+    def profile(self, params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids,
+                max_new, key) -> tuple[SpecState, dict]:
+        """The same computation driven from the host one phase at a time, to measure where
+        the time goes: seconds in draft / verify / other (walk, commit, extend, emit).
+        Each phase is compiled once; warm-up (compilation) is excluded from the shares."""
+        init = jax.jit(self.initial_state)
+        draft = jax.jit(self.draft_phase)
+        verify = jax.jit(self.verify)
+        finish = jax.jit(self.finish_phase)
+        args = (params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids, max_new, key)
+        times = {"draft": 0.0, "verify": 0.0, "other": 0.0}
+
+        def timed(name, f, *a):
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(f(*a))
+            if name:
+                times[name] += time.perf_counter() - t0
+            return out
+
+        for warm in (True, False):
+            s = timed(None if warm else "other", init, *args)
+            while not bool(jnp.all(s.done)):
+                tree = timed(None if warm else "draft", draft, params, dparams, s)
+                logits, feats, cache = timed(None if warm else "verify", verify, params, s.cache, tree)
+                s = timed(None if warm else "other", finish, params, dparams, s, tree, logits, feats,
+                          cache, stop_ids, max_new)
+                if warm:
+                    break
+        total = sum(times.values())
+        return s, {**{f"{k}_s": v for k, v in times.items()},
+                   **{f"{k}_share": v / total for k, v in times.items()}}
