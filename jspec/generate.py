@@ -78,7 +78,8 @@ def _stop_ids(target: Target, stop_ids, B: int) -> np.ndarray:
         rows = [list(r) for r in stop_ids]
     else:
         rows = [list(stop_ids)] * B
-    width = max(1, max(len(r) for r in rows))
+    # A fixed bucket of 8 keeps the compiled shape when the number of stop ids changes.
+    width = 8 * max(1, math.ceil(max(len(r) for r in rows) / 8))
     out = np.full((B, width), -1, np.int32)
     for b, r in enumerate(rows):
         out[b, :len(r)] = r

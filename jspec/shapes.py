@@ -22,6 +22,8 @@ class _Dims:
         return Annotated[jax.Array, (self.kind, tuple(dims.split()))]
 
 
+SHARED_DIMS = ("B",)
+
 Int = _Dims("int")
 Float = _Dims("float")
 Bool = _Dims("bool")
@@ -36,7 +38,10 @@ def check_shapes(obj, dims: dict[str, int] | None = None) -> dict[str, int]:
         meta = getattr(hints.get(f.name), "__metadata__", None)
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
-            dims = check_shapes(value, dims)
+            # A nested state has its own dims (a drafter's cache has other L, H ...);
+            # only the batch is shared with the enclosing state.
+            inner = check_shapes(value, {k: dims[k] for k in SHARED_DIMS if k in dims})
+            dims.update({k: inner[k] for k in SHARED_DIMS if k in inner})
         if not meta:
             continue
         kind, names = meta[0]
