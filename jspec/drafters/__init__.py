@@ -68,5 +68,10 @@ def random_drafter(kind: str, target_cfg: LlamaConfig, key=None, **kw) -> Drafte
     return Drafter(module, module.init_params(key, target_cfg))
 
 
+# Imported last: the checkpoint module needs Drafter and draft_layer_config defined above.
+from jspec.drafters.checkpoint import (detect_drafter_kind, load_drafter, save_drafter,  # noqa: E402
+                                       save_hf_drafter)
+
 __all__ = ["Drafter", "DrafterMismatchError", "Eagle1", "Eagle3", "MTP", "Medusa", "Oracle",
-           "DEFAULT_SPECS", "random_drafter", "draft_layer_config", "default_aux_layers"]
+           "DEFAULT_SPECS", "random_drafter", "draft_layer_config", "default_aux_layers",
+           "load_drafter", "save_drafter", "save_hf_drafter", "detect_drafter_kind"]
