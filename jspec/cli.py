@@ -33,6 +33,35 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-ids", type=_ids, default=None, help="ids that end a row (default: EOS)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    sp = p.add_argument_group("speculative decoding")
+    sp.add_argument("--drafter", help="drafter checkpoint (HF EAGLE/EAGLE-3/Medusa/MTP layout or "
+                    "jspec Orbax), or random:KIND (eagle1|eagle3|mtp|medusa) for random weights")
+    sp.add_argument("--spec-steps", type=int, help="S: tree depth / draft steps")
+    sp.add_argument("--spec-topk", type=int, help="K: branching per step (1 = chain)")
+    sp.add_argument("--spec-draft-tokens", type=int, help="N: tree nodes including the root")
+    sp.add_argument("--profile", action="store_true", help="report draft/verify/other time shares")
+
+
+def load_drafter_arg(spec: str, target):
+    from jspec import drafters
+
+    if spec.startswith("random:"):
+        return drafters.random_drafter(spec.split(":", 1)[1], target.config)
+    return drafters.load_drafter(spec, target.config)
+
+
+def spec_from_args(args, drafter):
+    from jspec.spec_config import SpecConfig
+
+    knobs = (args.spec_steps, args.spec_topk, args.spec_draft_tokens)
+    if all(k is None for k in knobs):
+        return None
+    base = drafter.default_spec or SpecConfig()
+    pick = lambda v, d: d if v is None else v
+    S = pick(args.spec_steps, base.num_steps)
+    K = pick(args.spec_topk, base.topk)
+    N = pick(args.spec_draft_tokens, S + 1 if K == 1 else base.num_draft_tokens)
+    return SpecConfig(S, K, N)
 
 
 def run_generate(args) -> int:
@@ -40,12 +69,17 @@ def run_generate(args) -> int:
 
     target = jspec.load_target(args.model, dtype=args.dtype, tokenizer=args.tokenizer)
     prompts = args.prompt if args.prompt is not None else args.prompt_ids
+    drafter = spec = None
+    if args.drafter:
+        drafter = load_drafter_arg(args.drafter, target)
+        spec = spec_from_args(args, drafter)
     res = jspec.generate(target, prompts, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                         seed=args.seed, stop_ids=args.stop_ids)
+                         seed=args.seed, stop_ids=args.stop_ids, drafter=drafter, spec=spec,
+                         profile=args.profile)
     if args.json:
         out = {"tokens": res.tokens, "text": res.text,
-               "stats": {"rows": res.stats, **res.summary()}}
+               "stats": {"rows": res.stats, **res.summary(), "profile": res.profile}}
         print(json.dumps(out))
         return 0
     for r, toks in enumerate(res.tokens):
@@ -58,6 +92,14 @@ def run_generate(args) -> int:
     s = res.summary()
     print(f"-- {s['new_tokens']} tokens in {s['wall_s']:.2f}s ({s['tokens_per_s']:.1f} tok/s, "
           "compilation included)", file=sys.stderr)
+    if drafter is not None:
+        acc = [st["mean_accept_len"] for st in res.stats]
+        print(f"-- {drafter.kind}: mean accept length {sum(acc) / len(acc):.2f} tokens/verify",
+              file=sys.stderr)
+    if res.profile:
+        p = res.profile
+        print(f"-- time shares: draft {p['draft_share']:.0%}, verify {p['verify_share']:.0%}, "
+              f"other {p['other_share']:.0%}", file=sys.stderr)
     return 0
 
 

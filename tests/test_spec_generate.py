@@ -42,9 +42,18 @@ def batch_for(cases, size):
     return [c["prompt_token_ids"] for c in cases[1:5]], [NEW, 17, 33, 25]
 
 
-@pytest.mark.parametrize("size", [1, 4])
-@pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("kind", ["eagle1", "eagle3", "mtp", "medusa"])
+# Every combination compiles its own program (~5 s each here); the default run covers the
+# ragged batch of 4 for every drafter and mode and batch 1 in the default mode, the rest
+# of the batch-1 matrix runs with -m slow.
+def combos():
+    for kind in ["eagle1", "eagle3", "mtp", "medusa"]:
+        for mode in MODES:
+            yield pytest.param(kind, mode, 4, id=f"{kind}-{mode}-4")
+            marks = () if mode == "default" else (pytest.mark.slow,)
+            yield pytest.param(kind, mode, 1, id=f"{kind}-{mode}-1", marks=marks)
+
+
+@pytest.mark.parametrize("kind,mode,size", list(combos()))
 def test_greedy_identical_to_plain(stories, drafters, kind, mode, size):
     target, cases = stories
     prompts, limits = batch_for(cases, size)
