@@ -143,7 +143,7 @@ def test_greedy_probs_make_the_tree_rule_greedy():
     """With one-hot target rows the sampling walk is the greedy walk."""
     from jspec.verify.greedy import greedy_walk
     rng = np.random.default_rng(3)
-    B, N, S = 64, 9, 3
+    B, N = 64, 9
     parents = np.array([-1, 0, 0, 1, 1, 2, 3, 3, 6])
     toks = rng.integers(0, 3, (B, N))
     tree = build_tree(jnp.asarray(toks), jnp.broadcast_to(parents, (B, N)), 4)

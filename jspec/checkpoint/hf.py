@@ -97,7 +97,9 @@ class SafetensorsDir(Mapping):
     """Lazy read-only view of a directory's safetensors tensors; open files stay open
     until :meth:`close` so each tensor is one seek, not one file open."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, any_single_file: bool = False):
+        """``any_single_file``: also accept a directory holding exactly one ``*.safetensors``
+        under another name (drafters ship e.g. ``medusa_lm_head.safetensors``)."""
         d = Path(path)
         index = d / "model.safetensors.index.json"
         if index.is_file():
@@ -111,19 +113,37 @@ class SafetensorsDir(Mapping):
                     raise CheckpointError(f"{index} names shard {f.name!r}, which does not exist")
         elif (d / "model.safetensors").is_file():
             self._where = {k: d / "model.safetensors" for k in _keys(d / "model.safetensors")}
+        elif any_single_file and len(files := sorted(d.glob("*.safetensors"))) == 1:
+            self._where = {k: files[0] for k in _keys(files[0])}
         else:
-            raise CheckpointError(f"{d}: no model.safetensors or model.safetensors.index.json")
+            raise CheckpointError(f"{d}: no model.safetensors or model.safetensors.index.json"
+                                  + (" (nor exactly one *.safetensors file)" if any_single_file else ""))
         self._stack = contextlib.ExitStack()
         self._open: dict[Path, object] = {}
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def _handle(self, name: str):
         file = self._where[name]  # KeyError for a missing tensor, as Mapping requires
         try:
             if file not in self._open:
                 self._open[file] = self._stack.enter_context(safe_open(file, framework="numpy"))
-            return self._open[file].get_tensor(name)
+        except Exception as e:
+            raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from e
+        return file, self._open[file]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        file, f = self._handle(name)
+        try:
+            return f.get_tensor(name)
         except Exception as e:  # SafetensorError: corrupt file, or the index named a tensor
             raise CheckpointError(f"{file.name}: cannot read tensor {name!r} ({e})") from e
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape from its file header, without reading the data."""
+        file, f = self._handle(name)
+        try:
+            return tuple(f.get_slice(name).get_shape())
+        except Exception as e:
+            raise CheckpointError(f"{file.name}: cannot read the header of tensor {name!r} ({e})") from e
 
     def __iter__(self):
         return iter(self._where)

@@ -49,12 +49,12 @@ def save_orbax(target: Target, path: str | os.PathLike, overwrite: bool = False)
         ckptr = ocp.PyTreeCheckpointer()
         ckptr.save(tmp / PARAMS_DIR, target.params)
         ckptr.close()
-        _move_into_place(tmp, dst)
+        move_into_place(tmp, dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _move_into_place(tmp: Path, dst: Path) -> None:
+def move_into_place(tmp: Path, dst: Path) -> None:
     # A directory cannot be os.replace'd onto a non-empty one: park the old one first so
     # dst is always either the old checkpoint or the new one.
     old = None

@@ -45,7 +45,6 @@ and renamed into place.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -59,11 +58,11 @@ import flax.linen as nn
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from jspec.checkpoint.common import CheckpointError, check_shape, flatten, path_str, to_param, unflatten
-from jspec.checkpoint.orbax_io import _move_into_place
+from jspec.checkpoint.hf import SafetensorsDir
+from jspec.checkpoint.orbax_io import move_into_place
 from jspec.config import ConfigError, LlamaConfig, rope_from_hf
 from jspec.drafters import Drafter, draft_layer_config
 from jspec.drafters.base import DrafterMismatchError
@@ -162,49 +161,13 @@ def hf_table(module, layout: str | None = None, num_target_layers: int | None = 
 
 
 # ---------------------------------------------------------------- tensor files
-class _Tensors:
-    """Lazy view of a directory's safetensors: names, header shapes, then data on demand.
-
-    ``prefix`` is prepended to every name looked up (e.g. ``"model."`` when a drafter's
-    tensors were saved under a wrapper module)."""
+class _Tensors(SafetensorsDir):
+    """:class:`SafetensorsDir` seen through a name prefix (e.g. ``"model."`` when a
+    drafter's tensors were saved under a wrapper module)."""
 
     def __init__(self, d: Path):
-        index = d / "model.safetensors.index.json"
-        if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise CheckpointError(f"{index}: malformed index ({e!r})") from e
-            self._where = {k: d / v for k, v in weight_map.items()}
-            for f in set(self._where.values()):
-                if not f.is_file():
-                    raise CheckpointError(f"{index} names shard {f.name!r}, which does not exist")
-        else:
-            file = d / "model.safetensors"
-            if not file.is_file():
-                files = sorted(d.glob("*.safetensors"))
-                if len(files) != 1:
-                    raise CheckpointError(
-                        f"{d}: want model.safetensors, model.safetensors.index.json or exactly one "
-                        f"*.safetensors file; found {[f.name for f in files]}")
-                file = files[0]
-            try:
-                with safe_open(file, framework="numpy") as f:
-                    self._where = {k: file for k in f.keys()}
-            except Exception as e:
-                raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from e
+        super().__init__(d, any_single_file=True)
         self.prefix = ""
-        self._stack = contextlib.ExitStack()
-        self._open: dict[Path, Any] = {}
-
-    def _file(self, name):
-        file = self._where[self.prefix + name]     # KeyError: missing
-        if file not in self._open:
-            try:
-                self._open[file] = self._stack.enter_context(safe_open(file, framework="numpy"))
-            except Exception as e:
-                raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from e
-        return self._open[file]
 
     def keys(self) -> list[str]:
         n = len(self.prefix)
@@ -214,27 +177,10 @@ class _Tensors:
         return self.prefix + name in self._where
 
     def shape(self, name: str) -> tuple[int, ...]:
-        f = self._file(name)
-        try:
-            return tuple(f.get_slice(self.prefix + name).get_shape())
-        except Exception as e:
-            raise CheckpointError(f"cannot read the header of tensor {name!r} ({e})") from e
+        return super().shape(self.prefix + name)
 
     def get(self, name: str) -> np.ndarray:
-        f = self._file(name)
-        try:
-            return f.get_tensor(self.prefix + name)
-        except Exception as e:
-            raise CheckpointError(f"cannot read tensor {name!r} ({e})") from e
-
-    def close(self):
-        self._stack.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        return self[self.prefix + name]
 
 
 # ------------------------------------------------------------------- detection
@@ -625,7 +571,7 @@ def save_drafter(drafter: Drafter, path: str | os.PathLike, overwrite: bool = Fa
         ckptr = ocp.PyTreeCheckpointer()
         ckptr.save(tmp / PARAMS_DIR, jax.tree_util.tree_map(np.asarray, nn.unbox(drafter.params)))
         ckptr.close()
-        _move_into_place(tmp, dst)
+        move_into_place(tmp, dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -775,7 +721,7 @@ def save_hf_drafter(drafter: Drafter, path: str | os.PathLike, layout: str | Non
         tmp.mkdir()
         (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
-        _move_into_place(tmp, dst)
+        move_into_place(tmp, dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

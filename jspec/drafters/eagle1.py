@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from jspec.config import LlamaConfig
 from jspec.drafters.base import RecurrentDrafter, target_embedding, target_head
-from jspec.llama import MLP, Attention, RMSNorm, _dense
+from jspec.llama import MLP, Attention, RMSNorm
 from jspec.attention import paged_attention_ref
 
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jspec.shapes import Bool, Int
+from jspec.shapes import Int
 
 
 @struct.dataclass

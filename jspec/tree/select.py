@@ -26,7 +26,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jspec.tree.build import DraftTree, build_tree
+from jspec.tree.build import build_tree
 
 
 def expand_frontier(path_scores: jax.Array, child_logp: jax.Array):
