@@ -86,6 +86,16 @@ def read_meta(path: str | os.PathLike) -> dict:
     return meta
 
 
+def restore_numpy(ckptr, pdir, paths) -> dict:
+    """Restore the flat ``paths`` of a PyTree checkpoint as host numpy arrays, so the saved
+    sharding/topology never matters; closes ``ckptr``."""
+    args = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                                  unflatten({p: 0 for p in paths}))
+    raw = flatten(ckptr.restore(pdir, args=ocp.args.PyTreeRestore(restore_args=args)))
+    ckptr.close()
+    return raw
+
+
 def load_orbax(path: str | os.PathLike, dtype=None, progress: Progress | None = None) -> Target:
     d = Path(path).absolute()
     meta = read_meta(d)
@@ -104,11 +114,7 @@ def load_orbax(path: str | os.PathLike, dtype=None, progress: Progress | None = 
     extra = sorted(path_str(p) for p in stored if p not in shapes)
     if extra:
         raise CheckpointError(f"checkpoint has tensors the config does not: {extra[:5]}")
-    # Restore to host numpy so the saved sharding/topology never matters.
-    args = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                                  unflatten({p: 0 for p in stored}))
-    raw = flatten(ckptr.restore(pdir, args=ocp.args.PyTreeRestore(restore_args=args)))
-    ckptr.close()
+    raw = restore_numpy(ckptr, pdir, stored)
     flat = {p: to_param(raw[p], cfg.dtype)
             for p in (progress or no_progress)(list(shapes), total=len(shapes))}
     tok = None

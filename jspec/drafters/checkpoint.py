@@ -62,7 +62,7 @@ from safetensors.numpy import save_file
 
 from jspec.checkpoint.common import CheckpointError, check_shape, flatten, path_str, to_param, unflatten
 from jspec.checkpoint.hf import SafetensorsDir
-from jspec.checkpoint.orbax_io import move_into_place
+from jspec.checkpoint.orbax_io import move_into_place, restore_numpy
 from jspec.config import ConfigError, LlamaConfig, rope_from_hf
 from jspec.drafters import Drafter, draft_layer_config
 from jspec.drafters.base import DrafterMismatchError
@@ -630,10 +630,7 @@ def _load_orbax(d: Path, target: LlamaConfig, dtype: str) -> Drafter:
     extra = sorted(path_str(p) for p in stored if p not in expected and p not in optional)
     if extra:
         raise CheckpointError(f"checkpoint has tensors the {module.kind} spec does not: {extra[:5]}")
-    args = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                                  unflatten({p: 0 for p in stored}))
-    raw = flatten(ckptr.restore(pdir, args=ocp.args.PyTreeRestore(restore_args=args)))
-    ckptr.close()
+    raw = restore_numpy(ckptr, pdir, stored)
     flat = {}
     for p, arr in raw.items():
         want = expected[p].dtype if p in expected else np.int32
