@@ -1,0 +1,94 @@
+"""Tree attention over a paged KV cache: GPU Pallas kernel (Triton lowering).
+
+Grid ``(B, KVH)``; each program holds its KV head's ``N * G`` query rows (padded to
+a power of two >= 16) and loops with ``lax.fori_loop`` over blocks of
+``pages_per_block`` pages up to ``lengths[b] + N``, gathering each block's pages
+from the head's page pool through the row's page table (``k_ref[pages]``, as in
+JAX's GPU ``paged_attention``). Online softmax in fp32 registers; the prefix needs
+only the length bound, the N tree columns decode the packed mask words in-kernel.
+Triton needs power-of-two block dims: rows, head_dim and page_size (validated).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels.tree_attention import layout
+from pallas_kernels.tree_attention.block_sizes import BlockSizes
+
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def _kernel(q_ref, k_ref, v_ref, pt_ref, len_ref, lo_ref, hi_ref, o_ref, *,
+            ppb: int, page_size: int, num_nodes: int, num_blocks: int, scale: float):
+    q = q_ref[...]                                                       # [R, D]
+    rows, D = q.shape
+    bk = ppb * page_size
+    length = len_ref[0]
+    lo, hi = lo_ref[...][:, None], hi_ref[...][:, None]                  # [R, 1] int32
+    fp32 = q.dtype == jnp.float32
+    prec = lax.Precision.HIGHEST if fp32 else None
+
+    def body(j, carry):
+        acc, m, l = carry
+        pages = pt_ref[pl.ds(j * ppb, ppb)]                               # [ppb]
+        k = k_ref[pages].reshape(bk, D)
+        v = v_ref[pages].reshape(bk, D)
+        s = plgpu.dot(q, k, trans_b=True, precision=prec).astype(jnp.float32) * scale
+        rel = (j * bk - length) + jnp.arange(bk, dtype=jnp.int32)[None, :]   # [1, bk]
+        word = jnp.where(rel >= layout.WORD_BITS, hi, lo)                 # [R, bk]
+        bit = jnp.right_shift(word, rel & (layout.WORD_BITS - 1)) & 1
+        vis = (rel < 0) | ((rel < num_nodes) & (bit != 0))
+        s = jnp.where(vis, s, MASK_VALUE)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        p = jnp.where(vis, jnp.exp(s - m_new[:, None]), 0.0)
+        alpha = jnp.exp(m - m_new)
+        l_new = alpha * l + jnp.sum(p, axis=1)
+        pv = plgpu.dot(p.astype(v.dtype), v, precision=prec).astype(jnp.float32)
+        return alpha[:, None] * acc + pv, m_new, l_new
+
+    n = jnp.minimum(pl.cdiv(length + num_nodes, bk), num_blocks)
+    init = (jnp.zeros((rows, D), jnp.float32), jnp.full((rows,), MASK_VALUE, jnp.float32),
+            jnp.zeros((rows,), jnp.float32))
+    acc, _, l = lax.fori_loop(0, n, body, init)
+    o_ref[...] = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
+
+
+def tree_attention_gpu(q, k_pages, v_pages, page_table, lengths, mask_bits, *,
+                       blocks: BlockSizes, interpret: bool = False) -> jax.Array:
+    """Shapes as :func:`pallas_kernels.tree_attention.reference.tree_attention_ref`;
+    ``blocks`` from :func:`pallas_kernels.tree_attention.validate.validate`."""
+    B, N, H, D = q.shape
+    KVH, P, ps, _ = k_pages.shape
+    G = H // KVH
+    ppb, R = blocks.pages_per_block, blocks.rows
+    pt = layout.prepare_page_table(page_table, P, ppb)
+    M = pt.shape[1]
+    qg = layout.group_queries(q, KVH, R)                                 # [B, KVH, R, D]
+    words = layout.row_words(mask_bits, G, R)                            # [B, R, 2]
+    lo, hi = words[..., 0], words[..., 1]
+    kernel = functools.partial(_kernel, ppb=ppb, page_size=ps, num_nodes=N,
+                               num_blocks=M // ppb, scale=D ** -0.5)
+    q_spec = pl.BlockSpec((None, None, R, D), lambda b, h: (b, h, 0, 0))
+    kv_spec = pl.BlockSpec((None, P, ps, D), lambda b, h: (h, 0, 0, 0))
+    row_spec = pl.BlockSpec((None, R), lambda b, h: (b, 0))
+    out = pl.pallas_call(
+        kernel,
+        grid=(B, KVH),
+        in_specs=[q_spec, kv_spec, kv_spec,
+                  pl.BlockSpec((None, M), lambda b, h: (b, 0)),
+                  pl.BlockSpec((1,), lambda b, h: (b,)),
+                  row_spec, row_spec],
+        out_specs=q_spec,
+        out_shape=jax.ShapeDtypeStruct((B, KVH, R, D), q.dtype),
+        compiler_params=plgpu.CompilerParams(num_warps=blocks.num_warps, num_stages=blocks.num_stages),
+        interpret=interpret,
+        name=f"tree_attention_gpu_N{N}_G{G}_ppb{ppb}",
+    )(qg, k_pages, v_pages, pt, lengths.astype(jnp.int32), lo, hi)
+    return layout.ungroup_output(out, N, H)

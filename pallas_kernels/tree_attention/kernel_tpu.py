@@ -1,0 +1,133 @@
+"""Tree attention over a paged KV cache: TPU (Mosaic) Pallas kernel.
+
+Grid ``(B, KVH, num_blocks)``; ``page_table`` (flattened) and ``lengths`` are
+scalar-prefetched into SMEM, and the K/V BlockSpecs' index maps read the page table
+(as in JAX's ``paged_attention``), so the pipeline DMAs exactly the row's pages. A
+block is ``pages_per_block`` pages: the K (and V) operand is passed
+``pages_per_block`` times, operand ``j`` of step ``i`` being page ``i * ppb + j``;
+the pages are concatenated along the (sublane-aligned) key axis in VMEM.
+
+Per ``(b, kvh)`` the ``N * G`` query rows (node-major, padded to the sublane tile)
+stay resident; the online-softmax state ``m, l`` (lane-replicated ``[rows, 128]``)
+and the fp32 accumulator live in VMEM scratch. Key positions ``p < lengths[b]`` are
+visible with no mask (length bound only); positions ``lengths[b] + j`` for
+``j < N`` (the tree nodes, which may straddle pages) are visible to row ``n*G+g``
+iff bit ``j`` of node ``n``'s packed mask words, decoded in-kernel with a shift;
+everything at or past ``lengths[b] + N`` is masked. Steps wholly past
+``lengths[b] + N`` skip compute, and their index map repeats the last needed page,
+so the pipeline issues no new DMA for them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from pallas_kernels.tree_attention import layout
+from pallas_kernels.tree_attention.block_sizes import BlockSizes
+
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+LANES = 128
+
+
+def _kernel(lengths_ref, pt_ref,                      # scalar prefetch (SMEM)
+            q_ref, words_ref, *refs,                  # VMEM blocks
+            ppb: int, page_size: int, num_nodes: int, num_blocks: int, scale: float):
+    k_refs, v_refs = refs[:ppb], refs[ppb:2 * ppb]
+    o_ref, m_sc, l_sc, acc_sc = refs[2 * ppb:]
+    b, i = pl.program_id(0), pl.program_id(2)
+    length = lengths_ref[b]
+    bk = ppb * page_size
+    start = i * bk
+
+    @pl.when(i == 0)
+    def _init():
+        m_sc[...] = jnp.full(m_sc.shape, MASK_VALUE, jnp.float32)
+        l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
+        acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+
+    @pl.when(start < length + num_nodes)
+    def _block():
+        q = q_ref[...]                                                   # [R, D]
+        if ppb == 1:
+            k, v = k_refs[0][...], v_refs[0][...]
+        else:
+            k = jnp.concatenate([r[...] for r in k_refs], axis=0)       # [bk, D]
+            v = jnp.concatenate([r[...] for r in v_refs], axis=0)
+        prec = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec,
+                            preferred_element_type=jnp.float32) * scale  # [R, bk]
+        rows = q.shape[0]
+        rel = start + lax.broadcasted_iota(jnp.int32, (rows, bk), 1) - length
+        words = words_ref[...]                                           # [R, 2] int32
+        word = jnp.where(rel >= layout.WORD_BITS, words[:, 1:2], words[:, 0:1])
+        bit = jnp.right_shift(word, rel & (layout.WORD_BITS - 1)) & 1
+        vis = (rel < 0) | ((rel < num_nodes) & (bit != 0))
+        s = jnp.where(vis, s, MASK_VALUE)
+        m_prev, l_prev = m_sc[:, 0:1], l_sc[:, 0:1]
+        m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+        p = jnp.where(vis, jnp.exp(s - m_new), 0.0)
+        alpha = jnp.exp(m_prev - m_new)
+        l_new = alpha * l_prev + jnp.sum(p, axis=1, keepdims=True)
+        pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=prec,
+                             preferred_element_type=jnp.float32)        # [R, D]
+        acc_sc[...] = alpha * acc_sc[...] + pv
+        m_sc[...] = jnp.broadcast_to(m_new, m_sc.shape)
+        l_sc[...] = jnp.broadcast_to(l_new, l_sc.shape)
+
+    @pl.when(i == num_blocks - 1)
+    def _finish():
+        l = l_sc[:, 0:1]
+        o_ref[...] = (acc_sc[...] / jnp.where(l > 0, l, 1.0)).astype(o_ref.dtype)
+
+
+def tree_attention_tpu(q, k_pages, v_pages, page_table, lengths, mask_bits, *,
+                       blocks: BlockSizes, interpret: bool = False) -> jax.Array:
+    """Shapes as :func:`pallas_kernels.tree_attention.reference.tree_attention_ref`;
+    ``blocks`` from :func:`pallas_kernels.tree_attention.validate.validate`."""
+    B, N, H, D = q.shape
+    KVH, P, ps, _ = k_pages.shape
+    G = H // KVH
+    ppb, R = blocks.pages_per_block, blocks.rows
+    pt = layout.prepare_page_table(page_table, P, ppb)                  # [B, M], M % ppb == 0
+    M = pt.shape[1]
+    num_blocks = M // ppb
+    qg = layout.group_queries(q, KVH, R)                                 # [B, KVH, R, D]
+    words = layout.row_words(mask_bits, G, R)                            # [B, R, 2]
+
+    def kv_spec(j):
+        def index_map(b, h, i, lengths_ref, pt_ref):
+            # Last page any visible key of this row lives on; later steps repeat it (no DMA).
+            # lax.div, not //: floor division lowers through sign, which needs TPU info at lowering.
+            last = jnp.minimum(lax.div(jnp.maximum(lengths_ref[b] + N - 1, 0), ps), M - 1)
+            pos = jnp.minimum(i * ppb + j, last)
+            return (h, pt_ref[b * M + pos], 0, 0)
+        return pl.BlockSpec((None, None, ps, D), index_map)
+
+    q_spec = pl.BlockSpec((None, None, R, D), lambda b, h, i, *_: (b, h, 0, 0))
+    w_spec = pl.BlockSpec((None, R, 2), lambda b, h, i, *_: (b, 0, 0))
+    kernel = functools.partial(_kernel, ppb=ppb, page_size=ps, num_nodes=N,
+                               num_blocks=num_blocks, scale=D ** -0.5)
+    out = pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2,
+            grid=(B, KVH, num_blocks),
+            in_specs=[q_spec, w_spec] + [kv_spec(j) for j in range(ppb)] * 2,
+            out_specs=q_spec,
+            scratch_shapes=[pltpu.VMEM((R, LANES), jnp.float32),
+                            pltpu.VMEM((R, LANES), jnp.float32),
+                            pltpu.VMEM((R, D), jnp.float32)]),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary")),
+        out_shape=jax.ShapeDtypeStruct((B, KVH, R, D), q.dtype),
+        interpret=interpret,
+        name=f"tree_attention_tpu_N{N}_G{G}_ppb{ppb}",
+    )(lengths.astype(jnp.int32), pt.reshape(-1), qg, words,
+      *([k_pages] * ppb), *([v_pages] * ppb))
+    return layout.ungroup_output(out, N, H)
