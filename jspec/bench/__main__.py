@@ -1,4 +1,4 @@
-"""``python -m jspec.bench {plain,forward} ...`` (see :mod:`jspec.bench`)."""
+"""``python -m jspec.bench {plain,forward,spec} ...`` (see :mod:`jspec.bench`)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--context", type=int, default=1024)
     s.add_argument("--block", type=int, default=8)
     s.add_argument("--page-size", type=int, default=16)
+
+    s = sub.add_parser("spec", help="speculative decoding (chain/tree per drafter) vs plain; "
+                                    "--simulate: forced accept lengths vs a cost model")
+    s.add_argument("--model", metavar="PATH",
+                   help="HF directory, jspec Orbax directory or llama2.c .bin")
+    common_args(s, [1], 3)
+    s.add_argument("--new-tokens", type=int, default=128)
+    s.add_argument("--prompt-len", type=int, default=32)
+    s.add_argument("--drafter", metavar="PATH", nargs="+", default=[],
+                   help="drafter checkpoints (needs jspec.drafters.load_drafter)")
+    s.add_argument("--simulate", metavar="E", type=float, nargs="+", default=None,
+                   help="part B: forced mean accept lengths (e.g. 2 3 4)")
     return p
 
 
@@ -47,6 +59,15 @@ def main(argv=None):
             raise SystemExit("pass --model or --random-config, not both")
         from jspec.bench import plain
         return plain.main(args)
+    if args.bench == "spec":
+        if args.model is not None and args.random_config is not None:
+            raise SystemExit("pass --model or --random-config, not both")
+        if len(args.batch) != 1:
+            raise SystemExit("spec takes one --batch")
+        if args.model is None and args.random_config is None:
+            args.random_config = "100m" if args.simulate else "tiny"
+        from jspec.bench import spec
+        return spec.main(args)
     if args.random_config is None:
         args.random_config = "100m"
     from jspec.bench import forward

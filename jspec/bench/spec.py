@@ -1,0 +1,385 @@
+"""``python -m jspec.bench spec``: speculative decoding vs plain greedy decoding.
+
+Part A (always): the same prompts (BOS first, ``prompt_len`` tokens, ``stop_ids=[]`` so every
+row makes exactly ``new_tokens``) go through plain :func:`jspec.generate`, then through
+speculative ``generate`` with each drafter, once as a chain (``SpecConfig.chain(S)``) and once
+as a tree. Drafters: random-weight EAGLE-1, EAGLE-3, MTP and Medusa
+(:func:`jspec.drafters.random_drafter`), an :class:`~jspec.drafters.Oracle` fed the plain
+greedy continuation (``params={"future": [B, max_len]}``: prompt + plain tokens per row, so
+it should accept S + 1 tokens per verify), and any ``--drafter`` checkpoints (when
+``jspec.drafters.load_drafter`` exists).
+
+Columns:
+  drafter, mode   chain (K = 1) or tree
+  S,K,N           tree depth, branching, node count (root included); Medusa's static tree
+                  reports its depth, widest branching and node count
+  compile s       first call minus the steady-state median (tracing + XLA compilation)
+  tokens/s        generated tokens of all rows / median ``wall_s`` of ``repeats`` calls
+                  after one warm-up call
+  accept len      mean over rows of ``stats[row]["mean_accept_len"]`` (tokens emitted per
+                  verify pass: accepted drafts + the bonus token; plain decoding = 1)
+  speedup         tokens/s over plain tokens/s measured in the same run
+  same tokens     the greedy output equals plain decoding's, row by row (must be yes)
+
+Part B (``--simulate E ...``, batch 1): speculative decoding on a (memory-bound) target with
+the accept length *forced* to E (``forced_accept=E``: a benchmark mode whose output is not
+the target's), beside the ideal speed-up of a cost model:
+
+  t_1  one jitted 1-token decode step (logits included) against a cache of
+       ``prompt_len + new_tokens`` positions,
+  t_V  one target forward over the N = 8 nodes of an EAGLE (5, 4, 8) tree with its tree
+       mask against the same cache (the verify step),
+  c    one EAGLE-1 drafter step for K = 4 frontier nodes (``net_apply`` against its one-layer
+       cache, plus the log-softmax/top-K of the tree loop) / t_1;
+
+  ideal(E) = E / (t_V / t_1 + S c), S = 5 drafter forwards per verify (see footnote).
+
+The three micro-benchmarks are timed alternately, call by call (as ``forward`` does), so
+background load affects them alike.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.bench import common, forward
+from jspec.bench.plain import describe, load, make_prompts
+from jspec.spec_config import SpecConfig
+from jspec.target import Target
+
+COLUMNS = ["drafter", "mode", "S,K,N", "compile s", "tokens/s", "accept len", "speedup",
+           "same tokens"]
+SIM_COLUMNS = ["E", "S,K,N", "compile s", "tokens/s", "accept len", "speedup", "ideal",
+               "measured/ideal"]
+RANDOM_KINDS = ("eagle1", "eagle3", "mtp", "medusa")
+SIM_SPEC = SpecConfig(5, 4, 8)
+SIM_DRAFT_STEPS = 5     # S: S-1 = 4 tree-loop steps + 1 extend per verify pass
+
+
+# --------------------------------------------------------------------------- helpers
+def spec_shape(drafter, spec: SpecConfig | None) -> str:
+    """``"S,K,N"`` of what the driver will actually run for this drafter and knobs."""
+    m = drafter.module
+    if hasattr(m, "tree"):                          # static tree (Medusa)
+        t = m.tree(spec)
+        return f"{t.depth},{t.topk},{t.num_nodes}"
+    spec = spec if spec is not None else drafter.default_spec
+    return f"{spec.num_steps},{spec.topk},{spec.num_draft_tokens}"
+
+
+def variants(drafter) -> list[tuple[str, SpecConfig | None]]:
+    """``[(mode, spec)]``: a chain and a tree per drafter (see the module docstring)."""
+    kind = drafter.kind
+    if kind == "medusa":
+        return [("chain", SpecConfig.chain(drafter.module.num_heads)), ("tree", None)]
+    if kind == "mtp":
+        return [("chain", SpecConfig.chain(3)), ("tree", SpecConfig(3, 2, 6))]
+    default = drafter.default_spec or SpecConfig(5, 4, 8)
+    if default.is_chain:
+        S = default.num_steps
+        return [("chain", default), ("tree", SpecConfig(S, 2, 2 * S))]
+    return [("chain", SpecConfig.chain(4)), ("tree", default)]
+
+
+def _interleaved(calls: Sequence, repeats: int) -> list[tuple[float, float, object]]:
+    """``[(first wall_s, median wall_s, last result)]`` per zero-argument ``generate`` call.
+
+    Every call is warmed up (compiled) first; then the timed calls go round-robin, one of
+    each per round, so load from other processes on the machine hits all variants alike and
+    the speed-up ratios stay meaningful."""
+    firsts, lasts = [], []
+    for c in calls:
+        res = c()
+        firsts.append(res.wall_s)
+        lasts.append(res)
+    times = [[] for _ in calls]
+    for _ in range(max(1, repeats)):
+        for i, c in enumerate(calls):
+            lasts[i] = c()
+            times[i].append(lasts[i].wall_s)
+    return [(f, float(statistics.median(t)), r) for f, t, r in zip(firsts, times, lasts)]
+
+
+def oracle_future(prompts: np.ndarray, plain_tokens: Sequence[Sequence[int]], width: int) -> np.ndarray:
+    """``[B, width]`` int32: prompt then the plain greedy continuation, per row."""
+    B, P = prompts.shape
+    fut = np.zeros((B, width), np.int32)
+    for r in range(B):
+        seq = list(prompts[r]) + list(plain_tokens[r])
+        fut[r, :min(width, len(seq))] = seq[:width]
+    return fut
+
+
+def make_random_drafter(kind: str, cfg, seed: int = 0):
+    """``random_drafter`` with EAGLE-3's aux layers clamped to the target's depth
+    (``default_aux_layers(L)`` = (2, L//2, L-3) is out of range for L < 4 layers)."""
+    from jspec.drafters import default_aux_layers, random_drafter
+    kw = {}
+    if kind == "eagle3":
+        L = cfg.num_layers
+        aux = default_aux_layers(L)
+        if any(not 0 <= i < L for i in aux):
+            kw["aux_layers"] = tuple(min(max(i, 0), L - 1) for i in aux)
+    return random_drafter(kind, cfg, jax.random.key(seed), **kw)
+
+
+def peaked_eagle1(cfg, seed: int = 0, feature_std: float = 40.0):
+    """A random-weight EAGLE-1 whose ``fc`` kernel is scaled so its output features (and so
+    its logits over the target's head) are large: each step's top-1 child then has
+    log-prob ~ 0 and EAGLE-2 selection grows one depth-S chain of first children. Plain
+    random weights (``fc`` ~ N(0, 0.02^2)) give near-uniform drafts, so a (5, 4, 8) tree is
+    root + 4 children + 3 grandchildren and ``forced_accept`` (which follows first
+    children) could not force more than 3. Same shapes, so the same cost per step."""
+    from jspec.drafters import Drafter
+    d = make_random_drafter("eagle1", cfg, seed)
+    k = d.params["net"]["fc"]["kernel"]
+    std = float(jnp.std(k)) * (k.shape[0] ** 0.5)          # fc output std for N(0, 1) inputs
+    scale = feature_std / max(std, 1e-6)
+    net = dict(d.params["net"])
+    net["fc"] = dict(net["fc"], kernel=(k * scale).astype(k.dtype))
+    return Drafter(d.module, dict(d.params, net=net))
+
+
+def load_checkpoint_drafters(paths: Sequence[str], target: Target, log=print) -> list:
+    if not paths:
+        return []
+    import jspec.drafters as jd
+    loader = getattr(jd, "load_drafter", None)
+    if loader is None:
+        if log:
+            log(f"  --drafter ignored ({', '.join(paths)}): jspec.drafters.load_drafter does not exist")
+        return []
+    out = []
+    for p in paths:
+        try:
+            d = loader(p, target.config)
+        except TypeError:
+            d = loader(p)
+        out.append((os.path.basename(os.path.normpath(p)), d))
+    return out
+
+
+# --------------------------------------------------------------------------- part A
+def run_spec(target: Target, batch: int = 1, new_tokens: int = 128, prompt_len: int = 32,
+             repeats: int = 3, drafter_paths: Sequence[str] = (), kinds: Sequence[str] = RANDOM_KINDS,
+             oracle: bool = True, seed: int = 0, log=print) -> list[dict]:
+    """Rows: ``plain`` first, then one row per (drafter, chain/tree). Extra keys per row:
+    ``median s``, ``first s``, ``spec`` (S, K, N as a list) and ``exact`` (same tokens)."""
+    import jspec
+    from jspec.drafters import Drafter, Oracle
+
+    cfg = target.config
+    prompts = make_prompts(cfg, batch, prompt_len, seed + batch)
+    plist = prompts.tolist()
+    total = batch * new_tokens
+
+    def gen(**kw):
+        return lambda: jspec.generate(target, plist, max_new_tokens=new_tokens, stop_ids=[], **kw)
+
+    # The plain warm-up call gives the oracle its future; all timing happens below.
+    plain_call = gen()
+    res0 = plain_call()
+    plain_toks, plain_first = res0.tokens, res0.wall_s
+    if any(len(t) != new_tokens for t in plain_toks):
+        raise RuntimeError(f"plain produced {[len(t) for t in plain_toks]} tokens, expected {new_tokens}")
+
+    drafters = [(k, make_random_drafter(k, cfg, seed)) for k in kinds]
+    if oracle:
+        width = prompt_len + new_tokens + 16
+        fut = oracle_future(prompts, plain_toks, width)
+        drafters.append(("oracle", Drafter(Oracle(cfg.vocab_size), {"future": jnp.asarray(fut)})))
+    drafters += load_checkpoint_drafters(drafter_paths, target, log)
+    cases = [(name, d, mode, spec) for name, d in drafters for mode, spec in variants(d)]
+    if log:
+        log(f"  {1 + len(cases)} variants: compiling, then {repeats} interleaved rounds")
+    timed = _interleaved([plain_call] + [gen(drafter=d, spec=spec) for _, d, _, spec in cases],
+                         repeats)
+
+    _, med, res = timed[0]
+    first = plain_first
+    if res.tokens != plain_toks:
+        raise RuntimeError("plain greedy decoding is not deterministic across calls")
+    plain_tps = total / med
+    rows = [{"drafter": "plain", "mode": "-", "S,K,N": "-", "compile s": max(0.0, first - med),
+             "tokens/s": plain_tps, "accept len": 1.0, "speedup": 1.0, "same tokens": True,
+             "median s": med, "first s": first}]
+    for (name, d, mode, spec), (first, med, res) in zip(cases, timed[1:]):
+        acc = float(np.mean([s["mean_accept_len"] for s in res.stats]))
+        tps = total / med
+        row = {"drafter": name, "mode": mode, "S,K,N": spec_shape(d, spec),
+               "compile s": max(0.0, first - med), "tokens/s": tps, "accept len": acc,
+               "speedup": tps / plain_tps, "same tokens": res.tokens == plain_toks,
+               "median s": med, "first s": first}
+        rows.append(row)
+        if log:
+            log(f"  {name} {mode} ({row['S,K,N']}): {tps:.1f} tok/s, accept {acc:.2f}, "
+                f"same tokens {'yes' if row['same tokens'] else 'NO'}")
+    return rows
+
+
+# --------------------------------------------------------------------------- part B
+def _prepare(fn, params, tok, pos, cache) -> dict:
+    import time
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn, donate_argnums=(3,)).lower(params, tok, pos, cache).compile()
+    return {"compiled": compiled, "tok": tok, "pos": pos, "cache": cache, "params": params,
+            "compile s": time.perf_counter() - t0, "times": [], "tokens": tok.shape[1]}
+
+
+def _tree_parents() -> np.ndarray:
+    """A representative EAGLE (5, 4, 8) tree: depths 0,1,1,2,2,3,4,5."""
+    return np.array([-1, 0, 0, 1, 1, 3, 5, 6], np.int32)
+
+
+def micro_costs(target: Target, context: int, repeats: int = 20, page_size: int = 16,
+                seed: int = 0) -> dict:
+    """``t_1`` / ``t_V`` / draft step (ms) and ``c`` at batch 1 (see the module docstring)."""
+    from jspec.drafters import random_drafter
+    from jspec.llama import Llama
+    from jspec.tree.build import build_tree
+
+    cfg, params = target.config, target.params
+    model = Llama(cfg)
+    N = SIM_SPEC.num_draft_tokens
+    K = SIM_SPEC.topk
+    W = (SIM_SPEC.num_steps - 1) * K
+
+    def target_step(mask):
+        def step(p, tokens, positions, cache):
+            hidden, _, cache = model.apply({"params": p}, tokens, positions, cache, block_mask=mask)
+            return model.apply({"params": p}, hidden, method=Llama.logits), cache
+        return step
+
+    rng = np.random.default_rng(seed)
+    # t_1: the forward benchmark's 1-token decode step.
+    tok1 = jnp.asarray(rng.integers(0, cfg.vocab_size, (1, 1)), jnp.int32)
+    pos1 = jnp.full((1, 1), context, jnp.int32)
+    v1 = _prepare(target_step(None), params, tok1, pos1,
+                  forward.make_cache(cfg, 1, context, N, page_size, seed))
+    # t_V: N tree nodes with the tree mask, positions context + depth.
+    tree = build_tree(jnp.asarray(rng.integers(0, cfg.vocab_size, (1, N)), jnp.int32),
+                      jnp.asarray(_tree_parents()[None]), SIM_SPEC.num_steps)
+    vV = _prepare(target_step(tree.mask()), params, tree.tokens, context + tree.depths,
+                  forward.make_cache(cfg, 1, context, N, page_size, seed))
+    # Draft step: EAGLE-1 net_apply for K frontier nodes (tree-loop step 1) + top-K.
+    d = random_drafter("eagle1", cfg, jax.random.key(seed))
+    m = d.module
+    feats = jax.random.normal(jax.random.key(seed + 1), (1, K, cfg.hidden_size), cfg.dtype)
+    mask = jax.nn.one_hot(jnp.arange(K), W, dtype=bool)[None]
+
+    def draft_step(p, tokens, positions, cache):
+        dp, tp = p
+        out, logits, cache = m.net_apply(dp, cfg, tp, tokens, feats, 1, positions, cache, mask,
+                                         None, 0)
+        logp, _ = jax.lax.top_k(jax.nn.log_softmax(logits, -1), K)
+        return logp, cache           # the drafter's output feature feeds these logits
+
+    tokd = jnp.asarray(rng.integers(0, cfg.vocab_size, (1, K)), jnp.int32)
+    vD = _prepare(draft_step, (d.params, params), tokd, jnp.full((1, K), context, jnp.int32),
+                  forward.make_cache(m.layer, 1, context, W, page_size, seed))
+
+    vs = [v1, vV, vD]
+    for i in range(2 + repeats):          # two warm-up rounds
+        for v in vs:
+            dt = forward._call(v, v["params"])
+            if i >= 2:
+                v["times"].append(dt)
+    ms = [1000.0 * statistics.median(v["times"]) for v in vs]
+    return {"context": context, "t_1 ms": ms[0], "t_V ms": ms[1], "draft step ms": ms[2],
+            "c": ms[2] / ms[0], "t_V/t_1": ms[1] / ms[0],
+            "compile s": [v["compile s"] for v in vs]}
+
+
+def ideal_speedup(E: float, tv_over_t1: float, c: float, S: int = SIM_DRAFT_STEPS) -> float:
+    return E / (tv_over_t1 + S * c)
+
+
+def run_simulate(target: Target, accepts: Sequence[float] = (2, 3, 4), new_tokens: int = 128,
+                 prompt_len: int = 32, repeats: int = 3, micro_repeats: int = 20,
+                 seed: int = 0, log=print) -> tuple[dict, list[dict]]:
+    """``(costs, rows)``: the micro costs and one row per forced accept length E (batch 1);
+    plain batch-1 decoding is timed interleaved with the forced runs."""
+    import jspec
+
+    cfg = target.config
+    costs = micro_costs(target, prompt_len + new_tokens, micro_repeats, seed=seed)
+    if log:
+        log(f"  t_1 {costs['t_1 ms']:.3f} ms, t_V {costs['t_V ms']:.3f} ms, "
+            f"draft step {costs['draft step ms']:.3f} ms")
+    prompts = make_prompts(cfg, 1, prompt_len, seed + 1)
+    plist = prompts.tolist()
+
+    def gen(**kw):
+        return lambda: jspec.generate(target, plist, max_new_tokens=new_tokens, stop_ids=[], **kw)
+
+    d = peaked_eagle1(cfg, seed)
+    shape = spec_shape(d, SIM_SPEC)
+    timed = _interleaved([gen()] + [gen(drafter=d, spec=SIM_SPEC, forced_accept=float(E))
+                                    for E in accepts], repeats)
+    _, med, _ = timed[0]
+    plain_tps = new_tokens / med
+    costs["plain tokens/s"] = plain_tps
+    costs["plain ms/token"] = 1000.0 * med / new_tokens
+    rows = []
+    for E, (first, med, res) in zip(accepts, timed[1:]):
+        tps = new_tokens / med
+        ideal = ideal_speedup(float(E), costs["t_V/t_1"], costs["c"])
+        row = {"E": int(E) if float(E).is_integer() else float(E), "S,K,N": shape,
+               "compile s": max(0.0, first - med), "tokens/s": tps,
+               "accept len": float(np.mean([s["mean_accept_len"] for s in res.stats])),
+               "speedup": tps / plain_tps, "ideal": ideal, "median s": med, "first s": first}
+        row["measured/ideal"] = row["speedup"] / ideal
+        rows.append(row)
+        if log:
+            log(f"  forced E={E}: {tps:.1f} tok/s, accept {row['accept len']:.2f}")
+    return costs, rows
+
+
+# --------------------------------------------------------------------------- CLI
+def main(args) -> dict:
+    target, source = load(args.model, args.random_config, args.dtype, args.seed)
+    batch = args.batch[0] if isinstance(args.batch, (list, tuple)) else args.batch
+    print(describe(target, source))
+    print(f"part A: batch {batch}, prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, "
+          f"greedy, median of {args.repeats} calls after one warm-up")
+    rows = run_spec(target, batch, args.new_tokens, args.prompt_len, args.repeats,
+                    args.drafter or (), seed=args.seed)
+    print()
+    print(common.format_table(rows, COLUMNS))
+    print(f"\n(tokens/s: all rows' tokens / median wall_s, prefill included; speedup: over plain "
+          f"in this run, all variants timed round-robin; random-weight drafters, so their accept length is ~1; oracle = the plain "
+          f"greedy continuation planted as the best path. load avg {common.load_avg()})")
+    payload = {"benchmark": "spec", "model": source, "description": describe(target, source),
+               "batch": batch, "prompt len": args.prompt_len, "new tokens": args.new_tokens,
+               "repeats": args.repeats, "columns": COLUMNS, "rows": rows}
+    if args.simulate:
+        print(f"\npart B: forced accept length, EAGLE-1 (random weights) {SIM_SPEC}, batch 1, "
+              f"context {args.prompt_len} + {args.new_tokens}")
+        costs, sim = run_simulate(target, args.simulate, args.new_tokens, args.prompt_len,
+                                  args.repeats, seed=args.seed)
+        print()
+        print(f"t_1 = {costs['t_1 ms']:.3f} ms (1-token decode step, context {costs['context']}; "
+              f"plain generate: {costs['plain ms/token']:.3f} ms/token incl. prefill)")
+        print(f"t_V = {costs['t_V ms']:.3f} ms (8-node tree verify, same context) = "
+              f"{costs['t_V/t_1']:.3f} t_1")
+        print(f"c   = {costs['c']:.4f} (EAGLE-1 draft step, K=4 nodes: "
+              f"{costs['draft step ms']:.3f} ms / t_1)")
+        print()
+        print(common.format_table(sim, SIM_COLUMNS))
+        print(f"\nideal = E / (t_V/t_1 + S*c) with S = {SIM_DRAFT_STEPS} drafter forwards per verify "
+              f"pass: the tree loop's S-1 = 4 recurrent steps of K = 4 nodes plus the extend over "
+              f"the accepted tokens, each costed as one K = 4 step (c); tree selection, walk, "
+              f"commit and the loop's bookkeeping are not in the model. Forced rows do not emit "
+              f"the target's tokens. speedup: tokens/s over plain batch-1 decoding in this run. "
+              f"load avg {common.load_avg()}")
+        payload["simulate"] = {"costs": costs, "columns": SIM_COLUMNS, "rows": sim,
+                               "draft steps per verify": SIM_DRAFT_STEPS}
+    if args.json:
+        common.write_json(args.json, payload)
+    return payload
