@@ -7,6 +7,9 @@ from the head's page pool through the row's page table (``k_ref[pages]``, as in
 JAX's GPU ``paged_attention``). Online softmax in fp32 registers; the prefix needs
 only the length bound, the N tree columns decode the packed mask words in-kernel.
 Triton needs power-of-two block dims: rows, head_dim and page_size (validated).
+Dots are plain ``lax.dot_general`` with fp32 accumulation (what ``plgpu.dot`` wraps;
+newer JAX documents no ``dot`` in ``pallas.triton``); fp32 inputs use HIGHEST
+precision (no TF32), so fp32 results match the reference to ~1e-6.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ def _kernel(q_ref, k_ref, v_ref, pt_ref, len_ref, lo_ref, hi_ref, o_ref, *,
         pages = pt_ref[pl.ds(j * ppb, ppb)]                               # [ppb]
         k = k_ref[pages].reshape(bk, D)
         v = v_ref[pages].reshape(bk, D)
-        s = plgpu.dot(q, k, trans_b=True, precision=prec).astype(jnp.float32) * scale
+        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec,
+                            preferred_element_type=jnp.float32) * scale           # [R, bk]
         rel = (j * bk - length) + jnp.arange(bk, dtype=jnp.int32)[None, :]   # [1, bk]
         word = jnp.where(rel >= layout.WORD_BITS, hi, lo)                 # [R, bk]
         bit = jnp.right_shift(word, rel & (layout.WORD_BITS - 1)) & 1
@@ -50,7 +54,8 @@ def _kernel(q_ref, k_ref, v_ref, pt_ref, len_ref, lo_ref, hi_ref, o_ref, *,
         p = jnp.where(vis, jnp.exp(s - m_new[:, None]), 0.0)
         alpha = jnp.exp(m - m_new)
         l_new = alpha * l + jnp.sum(p, axis=1)
-        pv = plgpu.dot(p.astype(v.dtype), v, precision=prec).astype(jnp.float32)
+        pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=prec,
+                             preferred_element_type=jnp.float32)           # [R, D]
         return alpha[:, None] * acc + pv, m_new, l_new
 
     n = jnp.minimum(pl.cdiv(length + num_nodes, bk), num_blocks)
