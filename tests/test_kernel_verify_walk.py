@@ -245,12 +245,10 @@ def test_validation_errors(impl):
 
 def test_vocab_limit_is_static():
     """V beyond the TPU VMEM budget is refused at trace time (no allocation)."""
-    i32 = jax.ShapeDtypeStruct((2, 8), jnp.int32)
     f = lambda p: verify_walk_sample(jnp.zeros((2, 8), jnp.int32), jnp.zeros((2, 8), jnp.int32),
                                      jnp.zeros((2, 8), jnp.int32), p,
                                      jnp.zeros((2, 8), jnp.float32),
                                      jnp.zeros((2,), jnp.float32), max_depth=3, impl="tpu")
-    del i32
     with pytest.raises(ValueError, match="vocabulary size"):
         jax.eval_shape(f, jax.ShapeDtypeStruct((2, 8, (1 << 18) + 1), jnp.float32))
 
