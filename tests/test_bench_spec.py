@@ -30,7 +30,8 @@ def run(tmp_path_factory):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         bench_main(["spec", "--random-config", "tiny", "--batch", "1", "--new-tokens", "24",
-                    "--prompt-len", "5", "--repeats", "1", "--simulate", "2", "3", "4",
+                    "--prompt-len", "5", "--repeats", "1", "--simulate", "3",
+                    "--kinds", "eagle1", "mtp",
                     "--json", str(out)])
     return buf.getvalue(), json.loads(out.read_text())
 
@@ -46,13 +47,13 @@ def test_part_a_table(run):
     rows = data["rows"]
     assert rows[0]["drafter"] == "plain"
     got = {(r["drafter"], r["mode"]) for r in rows[1:]}
-    want = {(k, m) for k in ("eagle1", "eagle3", "mtp", "medusa", "oracle") for m in ("chain", "tree")}
+    want = {(k, m) for k in ("eagle1", "mtp", "oracle") for m in ("chain", "tree")}
     assert got == want
     assert len(table) == 2 + len(rows)
     shapes = {(r["drafter"], r["mode"]): r["S,K,N"] for r in rows}
     assert shapes[("eagle1", "chain")] == "4,1,5" and shapes[("eagle1", "tree")] == "5,4,8"
     assert shapes[("mtp", "chain")] == "3,1,4" and shapes[("mtp", "tree")] == "3,2,6"
-    assert shapes[("oracle", "chain")] == "4,1,5" and shapes[("medusa", "chain")] == "4,1,5"
+    assert shapes[("oracle", "chain")] == "4,1,5"
     for r in rows:
         assert r["same tokens"] is True, r          # every Part A row is exact (none forced)
         assert r["tokens/s"] > 0 and r["speedup"] > 0 and r["compile s"] >= 0
@@ -75,7 +76,7 @@ def test_part_b_forced(run):
     assert sim["columns"] == spec.SIM_COLUMNS
     costs = sim["costs"]
     assert costs["t_1 ms"] > 0 and costs["t_V ms"] > 0 and costs["c"] > 0
-    assert [r["E"] for r in sim["rows"]] == [2, 3, 4]
+    assert [r["E"] for r in sim["rows"]] == [3]
     for r in sim["rows"]:
         assert abs(r["accept len"] - r["E"]) <= 0.35, r
         assert r["ideal"] == pytest.approx(spec.ideal_speedup(r["E"], costs["t_V/t_1"], costs["c"]))

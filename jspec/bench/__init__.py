@@ -1,9 +1,11 @@
-"""Benchmarks: ``python -m jspec.bench {plain,forward} ...``.
+"""Benchmarks: ``python -m jspec.bench {plain,forward,spec} ...``.
 
 * ``plain``   — end-to-end greedy generation with :func:`jspec.generate`, optionally against
   transformers' ``generate`` on the same weights (speed ratio and token identity).
 * ``forward`` — one Llama forward of 1 vs ``block`` tokens against a long KV cache: the
   cost ratio that bounds what speculative decoding can gain on this machine.
+* ``spec``    — plain decoding, then each drafter as chain and tree (tokens/s, accept length,
+  speedup), and ``--simulate`` forced accept lengths against the ideal speedup.
 
 Each sub-benchmark is also a function returning table rows (``run_plain``,
 ``run_forward``) so tests and later benchmarks can call it directly.

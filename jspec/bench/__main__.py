@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--new-tokens", type=int, default=128)
     s.add_argument("--prompt-len", type=int, default=32)
     s.add_argument("--drafter", metavar="PATH", nargs="+", default=[],
-                   help="drafter checkpoints (needs jspec.drafters.load_drafter)")
+                   help="drafter checkpoints (jspec Orbax or HF EAGLE/EAGLE-3/Medusa/MTP layouts)")
+    s.add_argument("--kinds", nargs="+", default=["eagle1", "eagle3", "mtp", "medusa"],
+                   help="random-weight drafters to run (the oracle always runs)")
     s.add_argument("--simulate", metavar="E", type=float, nargs="+", default=None,
                    help="part B: forced mean accept lengths (e.g. 2 3 4)")
     return p

@@ -6,8 +6,8 @@ speculative ``generate`` with each drafter, once as a chain (``SpecConfig.chain(
 as a tree. Drafters: random-weight EAGLE-1, EAGLE-3, MTP and Medusa
 (:func:`jspec.drafters.random_drafter`), an :class:`~jspec.drafters.Oracle` fed the plain
 greedy continuation (``params={"future": [B, max_len]}``: prompt + plain tokens per row, so
-it should accept S + 1 tokens per verify), and any ``--drafter`` checkpoints (when
-``jspec.drafters.load_drafter`` exists).
+it should accept S + 1 tokens per verify), and any ``--drafter`` checkpoints (loaded
+via ``jspec.drafters.load_drafter``).
 
 Columns:
   drafter, mode   chain (K = 1) or tree
@@ -117,52 +117,13 @@ def oracle_future(prompts: np.ndarray, plain_tokens: Sequence[Sequence[int]], wi
 
 
 def make_random_drafter(kind: str, cfg, seed: int = 0):
-    """``random_drafter`` with EAGLE-3's aux layers clamped to the target's depth
-    (``default_aux_layers(L)`` = (2, L//2, L-3) is out of range for L < 4 layers)."""
-    from jspec.drafters import default_aux_layers, random_drafter
-    kw = {}
-    if kind == "eagle3":
-        L = cfg.num_layers
-        aux = default_aux_layers(L)
-        if any(not 0 <= i < L for i in aux):
-            kw["aux_layers"] = tuple(min(max(i, 0), L - 1) for i in aux)
-    return random_drafter(kind, cfg, jax.random.key(seed), **kw)
+    from jspec.drafters import random_drafter
+    return random_drafter(kind, cfg, jax.random.key(seed))
 
 
-def peaked_eagle1(cfg, seed: int = 0, feature_std: float = 40.0):
-    """A random-weight EAGLE-1 whose ``fc`` kernel is scaled so its output features (and so
-    its logits over the target's head) are large: each step's top-1 child then has
-    log-prob ~ 0 and EAGLE-2 selection grows one depth-S chain of first children. Plain
-    random weights (``fc`` ~ N(0, 0.02^2)) give near-uniform drafts, so a (5, 4, 8) tree is
-    root + 4 children + 3 grandchildren and ``forced_accept`` (which follows first
-    children) could not force more than 3. Same shapes, so the same cost per step."""
-    from jspec.drafters import Drafter
-    d = make_random_drafter("eagle1", cfg, seed)
-    k = d.params["net"]["fc"]["kernel"]
-    std = float(jnp.std(k)) * (k.shape[0] ** 0.5)          # fc output std for N(0, 1) inputs
-    scale = feature_std / max(std, 1e-6)
-    net = dict(d.params["net"])
-    net["fc"] = dict(net["fc"], kernel=(k * scale).astype(k.dtype))
-    return Drafter(d.module, dict(d.params, net=net))
-
-
-def load_checkpoint_drafters(paths: Sequence[str], target: Target, log=print) -> list:
-    if not paths:
-        return []
-    import jspec.drafters as jd
-    loader = getattr(jd, "load_drafter", None)
-    if loader is None:
-        if log:
-            log(f"  --drafter ignored ({', '.join(paths)}): jspec.drafters.load_drafter does not exist")
-        return []
-    out = []
-    for p in paths:
-        try:
-            d = loader(p, target.config)
-        except TypeError:
-            d = loader(p)
-        out.append((os.path.basename(os.path.normpath(p)), d))
-    return out
+def load_checkpoint_drafters(paths: Sequence[str], target: Target) -> list:
+    from jspec.drafters import load_drafter
+    return [(os.path.basename(os.path.normpath(p)), load_drafter(p, target.config)) for p in paths]
 
 
 # --------------------------------------------------------------------------- part A
@@ -194,7 +155,7 @@ def run_spec(target: Target, batch: int = 1, new_tokens: int = 128, prompt_len: 
         width = prompt_len + new_tokens + 16
         fut = oracle_future(prompts, plain_toks, width)
         drafters.append(("oracle", Drafter(Oracle(cfg.vocab_size), {"future": jnp.asarray(fut)})))
-    drafters += load_checkpoint_drafters(drafter_paths, target, log)
+    drafters += load_checkpoint_drafters(drafter_paths, target)
     cases = [(name, d, mode, spec) for name, d in drafters for mode, spec in variants(d)]
     if log:
         log(f"  {1 + len(cases)} variants: compiling, then {repeats} interleaved rounds")
@@ -318,7 +279,7 @@ def run_simulate(target: Target, accepts: Sequence[float] = (2, 3, 4), new_token
     def gen(**kw):
         return lambda: jspec.generate(target, plist, max_new_tokens=new_tokens, stop_ids=[], **kw)
 
-    d = peaked_eagle1(cfg, seed)
+    d = make_random_drafter("eagle1", cfg, seed)
     shape = spec_shape(d, SIM_SPEC)
     timed = _interleaved([gen()] + [gen(drafter=d, spec=SIM_SPEC, forced_accept=float(E))
                                     for E in accepts], repeats)
@@ -349,7 +310,7 @@ def main(args) -> dict:
     print(f"part A: batch {batch}, prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, "
           f"greedy, median of {args.repeats} calls after one warm-up")
     rows = run_spec(target, batch, args.new_tokens, args.prompt_len, args.repeats,
-                    args.drafter or (), seed=args.seed)
+                    args.drafter or (), kinds=args.kinds, seed=args.seed)
     print()
     print(common.format_table(rows, COLUMNS))
     print(f"\n(tokens/s: all rows' tokens / median wall_s, prefill included; speedup: over plain "

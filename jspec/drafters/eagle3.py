@@ -29,7 +29,8 @@ from jspec.llama import MLP, Attention, RMSNorm, _dense
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
-    return (2, num_layers // 2, num_layers - 3)
+    """(2, L//2, L-3), clamped into [0, L-1] for targets shallower than 4 layers."""
+    return tuple(min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3))
 
 
 class Eagle3Net(nn.Module):

@@ -68,7 +68,7 @@ def tree_sample_walk(tree: DraftTree, probs: jax.Array, u_accept: jax.Array, u_b
     def step(j, carry):
         cur, r, accepted = carry
         x = tree.tokens[:, j]
-        is_child = tree.parents[:, j] == cur
+        is_child = (tree.parents[:, j] == cur) & (tree.depths[:, j] <= max_depth)
         ok = u_accept[:, j] * jnp.sum(r, axis=-1) < r[rows, x]
         take = is_child & ok
         reject = is_child & ~ok
