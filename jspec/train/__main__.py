@@ -1,0 +1,193 @@
+"""``python -m jspec.train {regen,features,train,eval} ...``: train draft heads for a target.
+
+regen      sample continuations of a prompt set from the target itself
+           ``python -m jspec.train regen --target DIR --out seqs.npz [--prompts stories-train|
+           stories-heldout|FILE] [--num-samples 3000] [--max-new-tokens 192]
+           [--temperature 0.8] [--seed 0] [--batch-size 64]``
+features   run the target once per sequence, cache hidden / aux / top-k logits as npz shards
+           ``python -m jspec.train features --target DIR --seqs seqs.npz --out FEATDIR
+           [--topk 16] [--aux-layers 1,2,4]``
+train      train one drafter on cached features (AdamW, warmup + cosine, clipping; resumes
+           exactly from OUT/train_state.npz), then save it in jspec's drafter format to OUT/drafter
+           ``python -m jspec.train train --target DIR --features FEATDIR --kind
+           {eagle3,eagle1,mtp,medusa} --out OUT [--steps 1500] [--batch-size 16] [--lr 3e-3]
+           [--warmup 50] [--unroll N] [--draft-vocab 256] [--medusa-heads 4] [--max-seconds S]``
+eval       acceptance table: end-to-end greedy ``jspec.generate`` on held-out prompts and
+           teacher-forced on held-out sampled sequences (random-weight baselines with --baseline)
+           ``python -m jspec.train eval --target DIR --drafter OUT/drafter [--drafter ...]
+           --heldout-seqs heldout.npz [--prompts stories-heldout] [--baseline] [--max-seqs 40]``
+
+Outputs (sequences, features, checkpoints) belong outside the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def _prompts(arg: str):
+    from jspec.train import regen
+    if arg == "stories-train":
+        return regen.story_prompts("train")
+    if arg == "stories-heldout":
+        return regen.story_prompts("heldout")
+    return [line.rstrip("\n") for line in Path(arg).read_text().splitlines() if line.strip()]
+
+
+def cmd_regen(a):
+    import jspec
+    from jspec.train import regen
+    target = jspec.load_target(a.target)
+    t0 = time.time()
+    seqs, pl = regen.regenerate(target, _prompts(a.prompts), a.num_samples,
+                                max_new_tokens=a.max_new_tokens, temperature=a.temperature,
+                                seed=a.seed, batch_size=a.batch_size)
+    regen.save_sequences(a.out, seqs, pl)
+    print(f"wrote {len(seqs)} sequences ({sum(map(len, seqs))} tokens) to {a.out} "
+          f"in {time.time() - t0:.1f}s")
+
+
+def cmd_features(a):
+    import jspec
+    from jspec.train import features, regen
+    target = jspec.load_target(a.target)
+    seqs, pl = regen.load_sequences(a.seqs, with_prompt_lens=True)
+    aux = tuple(int(x) for x in a.aux_layers.split(",")) if a.aux_layers else None
+    out = features.compute_features(target, seqs, a.out, aux_layers=aux, topk=a.topk,
+                                    prompt_lens=pl, batch_size=a.batch_size)
+    print(f"wrote features of {len(seqs)} sequences to {out}")
+
+
+def cmd_train(a):
+    import jax
+
+    import jspec
+    from jspec.drafters import save_drafter
+    from jspec.train import drafter as D
+    from jspec.train import features as F
+    target = jspec.load_target(a.target)
+    data = F.load_features(a.features)
+    meta = data["meta"]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    kw = {}
+    if a.kind == "eagle3":
+        kw = dict(aux_layers=tuple(meta["aux_layers"]), draft_vocab=a.draft_vocab,
+                  freqs=F.token_frequencies(data["tokens"], data["lens"], target.config.vocab_size))
+    elif a.kind == "medusa":
+        kw = dict(medusa_heads=a.medusa_heads, medusa_layers=a.medusa_layers)
+    d = D.build_drafter(a.kind, target.config, target.params, jax.random.key(a.seed), **kw)
+    lc = D.DEFAULT_LOSS[a.kind]
+    if a.unroll:
+        lc = D.LossConfig(**{**lc.__dict__, "unroll": a.unroll})
+    tc = D.TrainConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, warmup=a.warmup,
+                       weight_decay=a.weight_decay, clip=a.clip, seed=a.seed,
+                       ckpt_every=a.ckpt_every, log_every=a.log_every, max_seconds=a.max_seconds)
+    log_f = open(out / "train.log", "a")
+
+    def log(msg):
+        print(msg, file=log_f, flush=True)
+
+    t0 = time.time()
+    trained, metrics = D.train(d, target, data, tc, lc, ckpt_path=out / "train_state.npz", log=log)
+    save_drafter(trained, out / "drafter", overwrite=True)
+    D.write_info(out / "info.json", {"kind": a.kind, "train": tc.__dict__, "loss": lc.__dict__,
+                                     "seconds": time.time() - t0, "features": str(a.features),
+                                     "final": {k: float(v) for k, v in metrics.items()}})
+    print(f"saved {a.kind} drafter to {out / 'drafter'} ({time.time() - t0:.0f}s)")
+
+
+def cmd_eval(a):
+    import jax
+
+    import jspec
+    from jspec.drafters import load_drafter
+    from jspec.train import acceptance as A
+    from jspec.train import drafter as D
+    from jspec.train import regen
+    target = jspec.load_target(a.target)
+    drafters = {}
+    for p in a.drafter:
+        d = load_drafter(p, target.config)
+        drafters[f"{d.kind}"] = d
+    if a.baseline:
+        for name, d in list(drafters.items()):
+            drafters[f"{name} (random)"] = A.random_like(d, target, jax.random.key(1))
+    seqs = regen.load_sequences(a.heldout_seqs)[:a.max_seqs] if a.heldout_seqs else []
+    rows = A.acceptance_table(target, drafters, _prompts(a.prompts), seqs,
+                              max_new_tokens=a.max_new_tokens, stride=a.stride,
+                              modes=a.modes.split(","))
+    print(A.format_table(rows))
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m jspec.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("regen", help="sample training sequences from the target")
+    r.add_argument("--target", required=True)
+    r.add_argument("--out", required=True)
+    r.add_argument("--prompts", default="stories-train")
+    r.add_argument("--num-samples", type=int, default=3000)
+    r.add_argument("--max-new-tokens", type=int, default=192)
+    r.add_argument("--temperature", type=float, default=0.8)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--batch-size", type=int, default=64)
+    r.set_defaults(fn=cmd_regen)
+
+    f = sub.add_parser("features", help="cache target features")
+    f.add_argument("--target", required=True)
+    f.add_argument("--seqs", required=True)
+    f.add_argument("--out", required=True)
+    f.add_argument("--topk", type=int, default=16)
+    f.add_argument("--aux-layers", default="")
+    f.add_argument("--batch-size", type=int, default=32)
+    f.set_defaults(fn=cmd_features)
+
+    t = sub.add_parser("train", help="train a drafter")
+    t.add_argument("--target", required=True)
+    t.add_argument("--features", required=True)
+    t.add_argument("--kind", required=True, choices=["eagle3", "eagle1", "mtp", "medusa"])
+    t.add_argument("--out", required=True)
+    t.add_argument("--steps", type=int, default=1500)
+    t.add_argument("--batch-size", type=int, default=16)
+    t.add_argument("--lr", type=float, default=3e-3)
+    t.add_argument("--warmup", type=int, default=50)
+    t.add_argument("--weight-decay", type=float, default=0.01)
+    t.add_argument("--clip", type=float, default=1.0)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--unroll", type=int, default=0)
+    t.add_argument("--draft-vocab", type=int, default=0)
+    t.add_argument("--medusa-heads", type=int, default=4)
+    t.add_argument("--medusa-layers", type=int, default=1)
+    t.add_argument("--ckpt-every", type=int, default=200)
+    t.add_argument("--log-every", type=int, default=50)
+    t.add_argument("--max-seconds", type=float, default=0.0)
+    t.set_defaults(fn=cmd_train)
+
+    e = sub.add_parser("eval", help="acceptance table")
+    e.add_argument("--target", required=True)
+    e.add_argument("--drafter", action="append", default=[])
+    e.add_argument("--prompts", default="stories-heldout")
+    e.add_argument("--heldout-seqs", default="")
+    e.add_argument("--max-seqs", type=int, default=40)
+    e.add_argument("--stride", type=int, default=1)
+    e.add_argument("--max-new-tokens", type=int, default=128)
+    e.add_argument("--modes", default="chain,default,wide")
+    e.add_argument("--baseline", action="store_true")
+    e.add_argument("--json", default="")
+    e.set_defaults(fn=cmd_eval)
+
+    a = p.parse_args(argv)
+    a.fn(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""Training draft heads with optax, on cached target features.
+
+Every loss runs the drafters' own networks (``net_apply`` of :mod:`jspec.drafters`, or
+:class:`~jspec.drafters.medusa.MedusaHeads`), so trained parameters load straight back
+into :func:`jspec.drafters.load_drafter` / :func:`jspec.generate`.
+
+Conventions (those of :mod:`jspec.drafters.base`): draft position ``i`` holds the pair
+(target feature at ``i``, token ``i+1``) and predicts token ``i+2``; its target is the
+target's distribution at position ``i+1`` (the cached top-k, renormalised, restricted to
+the draft vocabulary for EAGLE-3).
+
+Training-time test (EAGLE-3 TTT; also used for EAGLE-1's and MTP's unroll). Unroll step 0
+is a causal pass over the target's features. Step ``j >= 1`` at position ``i`` stands for a
+tree node at depth ``j`` whose committed prefix ends at ``i - j``: it reads the drafter's
+own step ``j-1`` output at ``i - 1`` (its parent) and attends to step 0's keys at
+positions ``<= i - j`` plus the keys steps ``1 .. j`` wrote at ``i - j + k`` (its ancestors)
+-- exactly what the EAGLE-2 tree loop at inference lets it see. All steps write into one
+KV cache (step ``j`` at window offset ``j*T``, RoPE position ``i``) with ``lengths = 0``,
+and the visibility above is the block mask ``[T, U*T]``. Step ``j``'s loss has weight
+``0.8**j``.
+
+Losses: ``eagle3`` soft cross-entropy, 3-step TTT; ``eagle1`` smooth-L1 regression of the
+next target feature + soft cross-entropy through the target's head, 2-step unroll;
+``mtp`` soft cross-entropy of the next-next token (module 0: (h_t, emb(x_{t+1})) -> x_{t+2}),
+3-step unroll; ``medusa`` head ``k`` reads the target's hidden at ``t`` and is trained on the
+target's distribution for token ``t+2+k`` (weights ``0.8**k``).
+
+Training state, optimizer and checkpoints are :mod:`jspec.train.optim`'s (AdamW with
+warmup + cosine decay, global-norm clipping, exact resume): batch ``s`` is drawn from
+``default_rng([seed, s])``, so a resumed run sees the same batches as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jspec import kv_cache as kvc
+from jspec.drafters import Drafter, random_drafter
+from jspec.drafters.base import target_head
+from jspec.train.features import build_d2t, target_to_draft, token_frequencies
+from jspec.train.optim import TrainState, load_train_state, make_optimizer, save_train_state
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    unroll: int = 3              # TTT steps (recurrent drafters)
+    decay: float = 0.8           # weight of unroll step j (or Medusa head j): decay**j
+    ce: float = 1.0              # soft cross-entropy weight
+    reg: float = 0.0             # smooth-L1 feature regression weight (EAGLE-1)
+
+
+DEFAULT_LOSS = {
+    "eagle3": LossConfig(unroll=3),
+    "eagle1": LossConfig(unroll=2, reg=1.0),
+    "mtp": LossConfig(unroll=3),
+    "medusa": LossConfig(unroll=1),
+}
+
+
+# ------------------------------------------------------------------ drafter construction
+def build_drafter(kind: str, target_cfg, target_params, key, *, aux_layers=None,
+                  draft_vocab: int = 0, freqs: np.ndarray | None = None, medusa_heads: int = 4,
+                  medusa_layers: int = 1) -> Drafter:
+    """A fresh drafter to train; heads start from the target's LM head where they have one.
+
+    EAGLE-3 with ``draft_vocab < V`` gets ``d2t`` from ``freqs`` (token counts).
+    Medusa gets its own per-head LM heads (copies of the target's) and zero residual
+    blocks, so every head starts out predicting the next token like the target.
+    """
+    V = target_cfg.vocab_size
+    head = np.asarray(target_head(target_cfg, target_params))            # [H, V]
+    if kind == "eagle3":
+        kw = {"aux_layers": tuple(aux_layers)} if aux_layers is not None else {}
+        vd = draft_vocab if draft_vocab and draft_vocab < V else 0
+        d = random_drafter("eagle3", target_cfg, key, vocab_size=vd, **kw)
+        params = jax.tree_util.tree_map(lambda x: x, d.params)
+        ids = np.arange(V)
+        if vd:
+            if freqs is None:
+                raise ValueError("a reduced EAGLE-3 draft vocabulary needs token frequencies")
+            d2t, ids = build_d2t(freqs, vd)
+            params["d2t"] = jnp.asarray(d2t)
+        params["net"]["lm_head"]["kernel"] = jnp.asarray(head[:, ids])
+        return Drafter(d.module, params)
+    if kind == "medusa":
+        d = random_drafter("medusa", target_cfg, key, num_heads=medusa_heads,
+                           num_layers=medusa_layers, vocab_size=V)
+        net = dict(d.params["net"])
+        for name in net:
+            if name.endswith("_lm"):
+                net[name] = {"kernel": jnp.asarray(head)}
+            else:
+                net[name] = {"kernel": jnp.zeros_like(net[name]["kernel"]),
+                             "bias": jnp.zeros_like(net[name]["bias"])}
+        return Drafter(d.module, {"net": net})
+    if kind == "mtp":
+        d = random_drafter("mtp", target_cfg, key)
+        params = jax.tree_util.tree_map(lambda x: x, d.params)
+        params["net"]["module_0"]["shared_head_head"]["kernel"] = jnp.asarray(head)
+        return Drafter(d.module, params)
+    if kind == "eagle1":
+        return random_drafter("eagle1", target_cfg, key)
+    raise ValueError(f"unknown drafter kind {kind!r} (eagle1, eagle3, mtp, medusa)")
+
+
+def split_params(params):
+    """-> ``(trainable, frozen)``: EAGLE-3's integer ``d2t`` / Medusa's ``token_map`` are frozen."""
+    frozen = {k: v for k, v in params.items() if k in ("d2t", "token_map")}
+    return {k: v for k, v in params.items() if k not in frozen}, frozen
+
+
+# ------------------------------------------------------------------ loss pieces
+def ttt_masks(T: int, unroll: int) -> np.ndarray:
+    """``[U, T, U*T]`` bool: step j's query i sees step 0 at ``<= i-j`` and step k's slot
+    ``i-j+k`` (1 <= k <= j); step 0 is plain causal."""
+    U = unroll
+    m = np.zeros((U, T, U * T), bool)
+    i = np.arange(T)
+    for j in range(U):
+        m[j, :, :T] = np.arange(T)[None, :] <= (i - j)[:, None]
+        for k in range(1, j + 1):
+            p = i - j + k
+            ok = p >= 0
+            m[j, i[ok], k * T + p[ok]] = True
+    return m
+
+
+def soft_targets(vals, ids, t2d=None):
+    """Top-k logits -> (probs [.., k] renormalised over the kept ids, draft ids [.., k])."""
+    p = jax.nn.softmax(vals.astype(jnp.float32), -1)
+    if t2d is not None:
+        ids = t2d[ids]
+        p = jnp.where(ids >= 0, p, 0.0)
+        p = p / jnp.maximum(p.sum(-1, keepdims=True), 1e-20)
+        ids = jnp.maximum(ids, 0)
+    return p, ids
+
+
+def soft_ce(logits, probs, ids):
+    """``-sum_k p_k log softmax(logits)[ids_k]`` per position, and top-1 agreement."""
+    logp = jax.nn.log_softmax(logits, -1)
+    ce = -jnp.sum(probs * jnp.take_along_axis(logp, ids, -1), -1)
+    best = jnp.take_along_axis(ids, jnp.argmax(probs, -1)[..., None], -1)[..., 0]
+    acc = (jnp.argmax(logits, -1) == best).astype(jnp.float32)
+    return ce, acc
+
+
+def _shift_left(x, n=1):
+    pad = jnp.zeros((x.shape[0], n) + x.shape[2:], x.dtype)
+    return jnp.concatenate([x[:, n:], pad], 1)
+
+
+def _shift_right(x, n=1):
+    pad = jnp.zeros((x.shape[0], n) + x.shape[2:], x.dtype)
+    return jnp.concatenate([pad, x[:, :-n]], 1)
+
+
+def _mean(x, m):
+    m = m.astype(jnp.float32)
+    return jnp.sum(x * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def train_cache(module, batch: int, slots: int, page_size: int = 16) -> kvc.PagedKVCache:
+    c = module.layer
+    pages = kvc.pages_needed(slots, page_size)
+    table = np.arange(batch * pages, dtype=np.int32).reshape(batch, pages)
+    return kvc.init_cache(module.cache_layers, c.num_kv_heads, c.head_dim, table, batch * pages,
+                          page_size, c.dtype)
+
+
+def recurrent_loss(module, params, target_cfg, target_params, batch, lc: LossConfig, t2d=None):
+    """EAGLE-1 / EAGLE-3 / MTP: full-sequence causal pass plus TTT unroll (see module doc)."""
+    tokens, lens = batch["tokens"], batch["lens"]
+    B, T = tokens.shape
+    U = lc.unroll
+    nxt = _shift_left(tokens)                                   # token i+1 at draft pos i
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    i = pos
+    probs, ids = soft_targets(_shift_left(batch["topk_vals"]), _shift_left(batch["topk_ids"]), t2d)
+    masks = jnp.asarray(ttt_masks(T, U))
+    cache = train_cache(module, B, U * T)
+    feats = batch["feats"]
+    next_hidden = _shift_left(batch["hidden"]) if lc.reg else None
+    total, metrics = 0.0, {}
+    for j in range(U):
+        out, logits, cache = module.net_apply(
+            params, target_cfg, target_params, nxt, feats, None if j == 0 else j, pos, cache,
+            jnp.broadcast_to(masks[j], (B, T, U * T)), None, j * T)
+        valid = (i >= j) & (i + 2 < lens[:, None])
+        ce, acc = soft_ce(logits, probs, ids)
+        lj = lc.ce * _mean(ce, valid)
+        if lc.reg:
+            d = jnp.abs(out.astype(jnp.float32) - next_hidden)
+            sl1 = jnp.where(d < 1.0, 0.5 * d * d, d - 0.5).mean(-1)
+            lj = lj + lc.reg * _mean(sl1, valid)
+            metrics[f"reg{j}"] = _mean(sl1, valid)
+        total = total + lc.decay ** j * lj
+        metrics[f"ce{j}"] = _mean(ce, valid)
+        metrics[f"acc{j}"] = _mean(acc, valid)
+        feats = _shift_right(out)                               # parent = own output at i-1
+    return total, metrics
+
+
+def medusa_loss(module, params, target_cfg, target_params, batch, lc: LossConfig, t2d=None):
+    lens = batch["lens"]
+    B, T = batch["tokens"].shape
+    i = jnp.arange(T)[None]
+    head = None if module.vocab_size else target_head(target_cfg, target_params)
+    logits = module.net.apply({"params": params["net"]}, batch["hidden"], head)   # [B, K, T, V]
+    total, metrics = 0.0, {}
+    for k in range(module.num_heads):
+        probs, ids = soft_targets(_shift_left(batch["topk_vals"], k + 1),
+                                  _shift_left(batch["topk_ids"], k + 1))
+        ce, acc = soft_ce(logits[:, k], probs, ids)
+        valid = i + 2 + k < lens[:, None]
+        total = total + lc.decay ** k * _mean(ce, valid)
+        metrics[f"ce{k}"] = _mean(ce, valid)
+        metrics[f"acc{k}"] = _mean(acc, valid)
+    return total, metrics
+
+
+def drafter_loss(module, params, target_cfg, target_params, batch, lc: LossConfig, t2d=None):
+    fn = medusa_loss if module.kind == "medusa" else recurrent_loss
+    return fn(module, params, target_cfg, target_params, batch, lc, t2d)
+
+
+# ------------------------------------------------------------------ data
+def feature_key(module) -> str:
+    return "aux" if getattr(module, "feature_source", "final") == "aux" else "hidden"
+
+
+def sample_batch(data: dict, module, step: int, batch_size: int, seed: int,
+                 rows: np.ndarray | None = None) -> dict:
+    """Batch ``step``: rows drawn from ``default_rng([seed, step])`` (resume-exact)."""
+    n = len(data["tokens"]) if rows is None else len(rows)
+    pick = np.random.default_rng([seed, step]).choice(n, batch_size, replace=n < batch_size)
+    if rows is not None:
+        pick = rows[pick]
+    fk = feature_key(module)
+    b = {k: data[k][pick] for k in ("tokens", "lens", "topk_vals", "topk_ids")}
+    b["feats"] = data[fk][pick]
+    b["hidden"] = data["hidden"][pick]
+    return {k: jnp.asarray(v) for k, v in b.items()}
+
+
+# ------------------------------------------------------------------ training
+@dataclasses.dataclass
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 16
+    lr: float = 3e-3
+    warmup: int = 50
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    seed: int = 0
+    ckpt_every: int = 200
+    log_every: int = 50
+    max_seconds: float = 0.0      # > 0: stop (and checkpoint) after this much wall time
+    stop_after: int = 0           # > 0: stop (and checkpoint) after this step (interruptions)
+
+
+_STEP_CACHE: dict = {}
+
+
+def make_train_step(module, target_cfg, lc: LossConfig, tc: TrainConfig):
+    """Jitted ``(state, frozen, t2d, target_params, batch) -> (state, metrics)``, cached per
+    (module, config, loss, optimizer settings) so repeated runs do not recompile."""
+    key = (module, target_cfg, lc, tc.lr, tc.warmup, tc.steps, tc.weight_decay, tc.clip)
+    if key in _STEP_CACHE:
+        return _STEP_CACHE[key]
+    tx = make_optimizer(tc.lr, tc.warmup, tc.steps, tc.weight_decay, tc.clip)
+
+    @jax.jit
+    def step(state: TrainState, frozen, t2d, target_params, batch):
+        def loss_fn(p):
+            return drafter_loss(module, {**p, **frozen}, target_cfg, target_params, batch, lc, t2d)
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        metrics["loss"] = loss
+        metrics["grad_norm"] = optax.global_norm(grads)
+        return state.apply_gradients(grads, tx), metrics
+
+    _STEP_CACHE[key] = (tx, step)
+    return tx, step
+
+
+def draft_t2d(module, frozen, vocab_size: int):
+    """EAGLE-3 with a reduced vocabulary: ``t2d [V]`` (-1 = not drafted); else None."""
+    if "d2t" not in frozen:
+        return None
+    draft_ids = np.arange(module.draft_vocab) + np.asarray(frozen["d2t"])
+    return jnp.asarray(target_to_draft(draft_ids, vocab_size))
+
+
+def train(drafter: Drafter, target, data: dict, tc: TrainConfig, lc: LossConfig | None = None,
+          ckpt_path=None, progress: bool = True, log=print):
+    """Train ``drafter`` on cached features; resumes from ``ckpt_path`` when it exists.
+
+    Returns ``(Drafter with trained params, last metrics)``.
+    """
+    from tqdm import tqdm
+
+    module = drafter.module
+    lc = lc or DEFAULT_LOSS[module.kind]
+    trainable, frozen = split_params(drafter.params)
+    t2d = draft_t2d(module, frozen, target.config.vocab_size)
+    tx, step_fn = make_train_step(module, target.config, lc, tc)
+    state = TrainState.create(trainable, tx, jax.random.key(tc.seed))
+    if ckpt_path is not None and Path(ckpt_path).exists():
+        state, meta = load_train_state(ckpt_path, state)
+        log(f"resumed from {ckpt_path} at step {int(state.step)}")
+    start = int(state.step)
+    bar = tqdm(total=tc.steps, initial=start, desc=f"train {module.kind}", disable=not progress,
+               dynamic_ncols=True)
+    t0 = time.time()
+    metrics = {}
+    for s in range(start, tc.steps):
+        batch = sample_batch(data, module, s, tc.batch_size, tc.seed)
+        state, metrics = step_fn(state, frozen, t2d, target.params, batch)
+        bar.update(1)
+        done = s + 1
+        if done % tc.log_every == 0 or done == tc.steps:
+            m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            bar.set_postfix(loss=f"{m['loss']:.3f}", acc0=f"{m.get('acc0', 0):.3f}")
+            log(f"step {done} " + " ".join(f"{k}={v:.4f}" for k, v in sorted(m.items())))
+        out_of_time = bool(tc.max_seconds and time.time() - t0 > tc.max_seconds
+                           or tc.stop_after and done >= tc.stop_after)
+        if ckpt_path is not None and (done % tc.ckpt_every == 0 or done == tc.steps or out_of_time):
+            save_train_state(state, ckpt_path, {"kind": module.kind, "step": done})
+        if out_of_time:
+            log(f"stopping at step {done} (max_seconds={tc.max_seconds}, "
+                f"stop_after={tc.stop_after})")
+            break
+    bar.close()
+    return Drafter(module, {**jax.device_get(state.params), **frozen}), metrics
+
+
+def write_info(path, info: dict):
+    Path(path).write_text(json.dumps(info, indent=1, default=str))

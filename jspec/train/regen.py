@@ -1,0 +1,191 @@
+"""Data regeneration: the target's own continuations of a prompt set.
+
+A drafter is trained to imitate the target, so its training text is best written by the
+target itself (Medusa-2 / EAGLE "self-distillation"): each prompt is continued with
+:func:`jspec.generate` at a moderate temperature, several times with different seeds, and
+the full sequences (prompt + continuation, stop token included) are kept.
+
+Sequences are stored as one ``.npz`` with a flat ``tokens`` array, per-sequence
+``offsets`` (length + 1 entries) and ``prompt_lens``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+# Story openings for TinyStories-style targets (stories260K). The last HELDOUT are
+# never regenerated for training: acceptance is measured on them.
+STORY_OPENINGS = [
+    "Once upon a time, there was a",
+    "Once upon a time, there was a little girl named",
+    "Once upon a time, in a big forest, there lived a",
+    "Once upon a time, a little boy named",
+    "One day, a little",
+    "One day, a girl named Lily",
+    "One day, Tim went to the park",
+    "One sunny day, a",
+    "One morning, a small dog",
+    "Tom and Mia",
+    "Tom and Mia were playing in the",
+    "Lily and Ben went to the",
+    "Sam had a red ball",
+    "There was a big, friendly",
+    "There once was a little cat named",
+    "In a small town, there was a",
+    "In the garden, a tiny bug",
+    "Anna wanted to go to the",
+    "Max was a happy dog who",
+    "The sun was shining and",
+    "Sue liked to play with her",
+    "Mom said, \"Let's go to the",
+    "Tim saw a big tree",
+    "A little bird was sitting on",
+    "The little girl was very sad because",
+    "Ben had a new toy",
+    "Once there was a boy who loved",
+    "Lucy found a shiny",
+    "Timmy was playing with his",
+    "The cat and the dog",
+    "It was a rainy day and",
+    "Amy and her mom went to the store",
+    "Jack liked to run fast",
+    "The little fish swam",
+    "Once upon a time, there was a big bear who",
+    "A girl named Sara had a",
+    "The boy looked at the sky and",
+    "Grandma made a cake for",
+    "One night, the moon",
+    "Billy was scared of the",
+    "Kitty wanted to climb the",
+    "Once upon a time, there was a kind king",
+    "The duck went to the pond",
+    "Emma had a pretty dress",
+    "A small mouse lived in a",
+    "Joe and his dad built a",
+    "The children were playing in the snow",
+    "Once upon a time, a princess",
+    "Ella loved to sing",
+    "Zoe had a little brother named",
+    "The old man had a",
+    "Once upon a time, there was a car named",
+    "On a hot summer day,",
+    "Rosie the rabbit",
+    "Peter wanted a cookie",
+    "The farmer had many",
+    "Bob the frog jumped",
+    "Lily saw a butterfly",
+    "Once upon a time, in a land far away,",
+    "A boy named Leo found a",
+    "Mia and her friend",
+    "The big truck",
+    "One day, the wind",
+    "Tom was hungry, so he",
+    "Daisy the cow",
+    "The toy robot",
+    "Sally went to school and",
+    "Once upon a time, there was a lazy",
+    "Spot the dog liked to",
+    "The little girl wanted to help her mom",
+    "Ben and Lily were best friends.",
+    "One day, a big storm",
+    "Molly had a balloon",
+    "Once upon a time there was a tiny ant",
+    "Jenny liked to draw",
+    "The teddy bear",
+    "Once upon a time, a little girl found a box",
+    "Tim and his sister",
+    "The baby was crying because",
+    "A brave knight",
+    # ------------------------------------------------------------ held out
+    "Once upon a time, there was a little dog named",
+    "One day, a boy named Tim",
+    "Lily and her mom",
+    "The little bird wanted to fly",
+    "There was a happy girl who",
+    "Once upon a time, in a small house,",
+    "Sam and Max went to the",
+    "A big cat sat on",
+    "One day, Sue found a",
+    "The sun was hot, so",
+    "Once upon a time, there was a shy",
+    "Ben wanted to play with",
+    "Mom and Dad took",
+    "The little boy liked his",
+    "Anna saw a big",
+    "Once there was a kind girl",
+    "A small frog lived",
+    "One day, a little girl named Amy",
+    "Tom had a blue",
+    "The dog ran to the",
+]
+HELDOUT = 20
+
+
+def story_prompts(split: str = "train") -> list[str]:
+    """``"train"``: the openings used for regeneration; ``"heldout"``: the last 20."""
+    if split == "train":
+        return STORY_OPENINGS[:-HELDOUT]
+    if split == "heldout":
+        return STORY_OPENINGS[-HELDOUT:]
+    if split == "all":
+        return list(STORY_OPENINGS)
+    raise ValueError(f"split must be train, heldout or all, got {split!r}")
+
+
+def regenerate(target, prompts: Sequence, num_samples: int, *, max_new_tokens: int = 192,
+               temperature: float = 0.8, seed: int = 0, batch_size: int = 64,
+               progress: bool = True) -> tuple[list[np.ndarray], list[int]]:
+    """Sample ``num_samples`` continuations cycling over ``prompts``; each with its own key.
+
+    Returns ``(sequences, prompt_lens)``: ``prompt + continuation`` token arrays (int32),
+    in sample order, and each one's prompt length. Sample ``i``
+    uses prompt ``i % len(prompts)`` and seed ``seed + batch index``; rows in a batch draw
+    from their own keys, so the result does not depend on the batch size's padding.
+    """
+    import jspec
+
+    if not prompts:
+        raise ValueError("regenerate() needs at least one prompt")
+    ids = [target.tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p]
+           for p in prompts]
+    nb = math.ceil(num_samples / batch_size)
+    bar = _bar(nb, "regen", progress)
+    out: list[np.ndarray] = []
+    plens: list[int] = []
+    for b in range(nb):
+        rows = [ids[i % len(ids)] for i in range(b * batch_size,
+                                                 min(num_samples, (b + 1) * batch_size))]
+        n = len(rows)
+        rows = rows + [rows[0]] * (batch_size - n)    # keep one compiled shape
+        res = jspec.generate(target, rows, max_new_tokens=max_new_tokens,
+                             temperature=temperature, seed=seed + b)
+        for r in range(n):
+            out.append(np.asarray(rows[r] + res.tokens[r], np.int32))
+            plens.append(len(rows[r]))
+        bar.update(1)
+    bar.close()
+    return out, plens
+
+
+def save_sequences(path, seqs: Sequence[np.ndarray], prompt_lens: Sequence[int] | None = None):
+    lens = np.array([len(s) for s in seqs], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    pl = np.zeros(len(seqs), np.int32) if prompt_lens is None else np.asarray(prompt_lens, np.int32)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, tokens=np.concatenate(seqs).astype(np.int32), offsets=offsets, prompt_lens=pl)
+
+
+def load_sequences(path, with_prompt_lens: bool = False):
+    z = np.load(path)
+    t, o = z["tokens"], z["offsets"]
+    seqs = [t[o[i]:o[i + 1]] for i in range(len(o) - 1)]
+    return (seqs, z["prompt_lens"].tolist()) if with_prompt_lens else seqs
+
+
+def _bar(total, desc, enabled):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True)
