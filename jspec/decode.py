@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax.sharding import Mesh, NamedSharding
 
-from jspec import kv_cache as kvc
+from jspec import kernels, kv_cache as kvc
 from jspec.config import LlamaConfig
 from jspec.llama import Llama
 from jspec.sampling import SamplingConfig, sample
@@ -78,6 +78,7 @@ class PlainDecoder:
     page_size: int
     num_pages: int
     mesh: Mesh | None = None  # shard the KV pool over KV heads on this mesh
+    kernels: str = "reference"  # see jspec.kernels
 
     def place_cache(self, cache: kvc.PagedKVCache) -> kvc.PagedKVCache:
         if self.mesh is None:
@@ -126,7 +127,8 @@ class PlainDecoder:
             tok = s.last_token[:, None]
             pos = s.cache.lengths[:, None]
             hidden, _, cache = self.model.apply({"params": params}, tok, pos, s.cache,
-                                                valid=live[:, None])
+                                                valid=live[:, None],
+                                                attention_fn=kernels.attention_fn(self.kernels))
             logits = self.model.apply({"params": params}, hidden[:, 0], method=Llama.logits)
             s = s.replace(cache=kvc.advance(cache, live.astype(jnp.int32)), step=s.step + 1)
             return emit(s, sample(logits, row_step_keys(s), self.sampling), stop_ids, max_new)

@@ -22,6 +22,7 @@ import numpy as np
 
 from jspec import kv_cache as kvc
 from jspec.decode import STOP_REASONS, PlainDecoder
+from jspec.kernels import check_mode as check_kernels
 from jspec.sampling import SamplingConfig
 from jspec.spec_config import SpecConfig
 from jspec.spec_decode import SpecDecoder, tree_shape
@@ -91,7 +92,8 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
              key: jax.Array | None = None, stop_ids=None, max_len: int | None = None,
              page_size: int = 16, num_pages: int | None = None,
              prompt_bucket: int = 16, mesh=None, drafter=None, spec: SpecConfig | None = None,
-             forced_accept: float = 0.0, profile: bool = False) -> GenerationResult:
+             forced_accept: float = 0.0, profile: bool = False,
+             kernels: str = "reference") -> GenerationResult:
     """Generate continuations of ``prompts``: with the target alone, or speculatively.
 
     ``prompts``: one prompt or a list; each a string (needs a tokenizer) or token ids.
@@ -111,7 +113,10 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     then *not* the target's; it measures the plumbing apart from drafter quality).
     ``profile``: run the speculative loop phase by phase from the host and report the
     draft / verify / other time shares in ``result.profile`` (slower; for diagnosis).
+    ``kernels``: ``"reference"`` (XLA), ``"pallas"`` (TPU/GPU kernels) or
+    ``"pallas_interpret"`` (the kernels in interpret mode, any backend); see :mod:`jspec.kernels`.
     """
+    check_kernels(kernels)
     sampling = SamplingConfig(temperature, top_k, top_p)
     ids, is_text = _as_id_lists(target, prompts)
     B = len(ids)
@@ -166,13 +171,13 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     prof = None
     t0 = time.perf_counter()
     if drafter is None:
-        dec = PlainDecoder(target.config, sampling, cap_new, page_size, num_pages, mesh)
+        dec = PlainDecoder(target.config, sampling, cap_new, page_size, num_pages, mesh, kernels)
         state = dec.run(target.params, prompt_d, lens_d, table_d, stop_d, limits_d, key)
         iters = state.num_generated
         hist = None
     else:
         dec = SpecDecoder(target.config, drafter.module, spec, sampling, cap_new, page_size,
-                          num_pages, float(forced_accept), mesh)
+                          num_pages, float(forced_accept), mesh, kernels)
         args = (target.params, drafter.params, prompt_d, lens_d, table_d, table_d, stop_d, limits_d,
                 key)
         if profile:

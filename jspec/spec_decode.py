@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jspec import kv_cache as kvc
+from jspec import kernels, kv_cache as kvc
 from jspec.config import LlamaConfig
 from jspec.decode import CACHE_FULL, MAX_NEW_TOKENS, RUNNING, STOP_TOKEN, TRACE_COUNTS
 from jspec.llama import Llama
@@ -33,6 +33,7 @@ from jspec.sampling import SamplingConfig, sample, target_probs
 from jspec.shapes import Bool, Int, Key
 from jspec.spec_config import SpecConfig
 from jspec.verify import commit_accepted, emitted_tokens, greedy_walk, tree_sample_walk
+from pallas_kernels.verify_walk import verify_walk_greedy, verify_walk_sample
 
 
 def tree_shape(drafter, spec: SpecConfig | None) -> tuple[int, int]:
@@ -69,6 +70,7 @@ class SpecDecoder:
     num_pages: int
     forced_accept: float = 0.0       # > 0: benchmark mode, force this mean accept length
     mesh: Any = None
+    kernels: str = "reference"       # see jspec.kernels
 
     @property
     def model(self) -> Llama:
@@ -111,19 +113,27 @@ class SpecDecoder:
     def verify(self, params, cache, tree):
         pos = cache.lengths[:, None] + tree.depths
         hidden, aux, cache = self.model.apply({"params": params}, tree.tokens, pos, cache,
-                                              block_mask=tree.mask(), aux_layers=self.aux_layers)
+                                              block_mask=tree.mask(), aux_layers=self.aux_layers,
+                                              attention_fn=kernels.attention_fn(self.kernels))
         logits = self.model.apply({"params": params}, hidden, method=Llama.logits)
         return logits, self.features(hidden, aux), cache
 
     def walk(self, tree, logits, keys):
         S, _ = self.shape
+        argmax = jnp.argmax(logits, -1).astype(jnp.int32)
+        if self.sampling.greedy and self.kernels == "reference":
+            return greedy_walk(tree, argmax, S)
         if self.sampling.greedy:
-            return greedy_walk(tree, jnp.argmax(logits, -1).astype(jnp.int32), S)
+            return verify_walk_greedy(tree.tokens, tree.first_child, tree.next_sibling, argmax,
+                                      max_depth=S, impl=kernels.walk_impl(self.kernels))
         probs = target_probs(logits, self.sampling)
         ka, kb = jax.vmap(jax.random.split, out_axes=1)(keys)
         u_acc = jax.vmap(lambda k: jax.random.uniform(k, (tree.num_nodes,)))(ka)
         u_bonus = jax.vmap(jax.random.uniform)(kb)
-        return tree_sample_walk(tree, probs, u_acc, u_bonus, S)
+        if self.kernels == "reference":
+            return tree_sample_walk(tree, probs, u_acc, u_bonus, S)
+        return verify_walk_sample(tree.tokens, tree.first_child, tree.next_sibling, probs, u_acc,
+                                  u_bonus, max_depth=S, impl=kernels.walk_impl(self.kernels))
 
     def force_accept(self, tree, logits, keys):
         """Benchmark mode: accept a forced number of nodes per iteration (mean
