@@ -36,6 +36,9 @@ def run(tmp_path_factory):
     return buf.getvalue(), json.loads(out.read_text())
 
 
+# Parts A and B compile ~10 programs; they run with -m slow (the exactness they report is
+# tested directly in tests/test_spec_generate.py).
+@pytest.mark.slow
 def test_part_a_table(run):
     text, data = run
     assert "load avg" in text
@@ -65,6 +68,7 @@ def test_part_a_table(run):
     assert acc[("oracle", "chain")] > 4.0 and acc[("oracle", "tree")] > 4.5
 
 
+@pytest.mark.slow
 def test_part_b_forced(run):
     text, data = run
     for name in ("t_1 =", "t_V =", "c   =", "ideal = E / (t_V/t_1 + S*c) with S = 5"):

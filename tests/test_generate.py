@@ -59,8 +59,9 @@ def test_ragged_batch_equals_rows_alone(stories, golden):
     limits = [40, 17, 33, 25]
     batch = jspec.generate(stories, prompts, max_new_tokens=limits, stop_ids=[])
     for r, p in enumerate(prompts):
-        alone = jspec.generate(stories, [p], max_new_tokens=limits[r], stop_ids=[])
-        assert batch.tokens[r] == alone.tokens[0]
+        # One compiled program serves every row alone (same static shapes).
+        alone = jspec.generate(stories, [p], max_new_tokens=40, stop_ids=[])
+        assert batch.tokens[r] == alone.tokens[0][:limits[r]]
         assert len(batch.tokens[r]) == limits[r]
         assert batch.stats[r]["stop_reason"] == "max_new_tokens"
 
@@ -144,7 +145,8 @@ def test_decode_state_shapes(tiny):
     state = dec.run(tiny.params, jnp.array([[1, 2, 3, 4], [1, 2, 3, 0]]), jnp.array([4, 3]),
                     jnp.asarray(pt), jnp.array([[-1], [-1]]), jnp.array([6, 6]), jax.random.key(0))
     dims = check_shapes(state)
-    assert dims["B"] == 2 and dims["max_new"] == 6 and dims["L"] == 2
+    assert dims["B"] == 2 and dims["max_new"] == 6
+    assert check_shapes(state.cache)["L"] == 2
     np.testing.assert_array_equal(np.asarray(state.num_generated), [6, 6])
     # Each row committed its prompt plus every fed token (the last emitted one is never fed).
     np.testing.assert_array_equal(np.asarray(state.cache.lengths), [4 + 5, 3 + 5])

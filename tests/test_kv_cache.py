@@ -75,7 +75,7 @@ def test_allocation_refuses_what_does_not_fit():
     np.testing.assert_array_equal(pt, [[0, 1], [2, 3]])  # 3 = unallocated sentinel
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(st.data())
 def test_commit_equals_writing_only_the_subset(data):
     """Write T positions after each row's prefix, keep a subset: same as writing only it."""

@@ -24,7 +24,7 @@ def stories(stories_dir):
     target = load_target(stories_dir)
     cases = json.loads((stories_dir / "reference_greedy.json").read_text())["cases"]
     return target, [c["prompt_token_ids"] + c["continuation_token_ids"][:k]
-                    for c, k in zip(cases, (0, 3, 11))]
+                    for c, k in zip(cases, (0, 3, 11))], cases
 
 
 MAX_LEN = 64  # one cache geometry for every run, so attention reduces over the same slots
@@ -58,7 +58,7 @@ def make_trees(B, S, K, N, seed, vocab=512):
 
 @pytest.mark.parametrize("S,K,N", [(5, 4, 8), (3, 3, 10), (4, 1, 5), (6, 8, 32)])
 def test_verify_logits_equal_path_alone_and_commit_equals_plain(stories, S, K, N):
-    target, seqs = stories
+    target, seqs, _ = stories
     model, params = Llama(target.config), target.params
     B = len(seqs)
     prefixes = [s[:-1] for s in seqs]
@@ -140,20 +140,14 @@ def test_verify_logits_equal_path_alone_and_commit_equals_plain(stories, S, K, N
 
 def test_greedy_walk_on_real_verify_follows_target(stories):
     """Plant the target's own greedy continuation as one branch: the walk accepts all of it."""
-    target, seqs = stories
+    target, seqs, cases = stories
     model, params = Llama(target.config), target.params
     S, K, N = 4, 3, 12
     prefixes = [s[:-1] for s in seqs]
     B = len(seqs)
     cache, _ = prefill(model, params, prefixes, extra=N + 1)
-    # Target greedy continuation of each sequence, S tokens.
-    greedy = []
-    for s in seqs:
-        seq = list(s)
-        for _ in range(S):
-            _, last = prefill(model, params, [seq])
-            seq.append(int(np.argmax(last[0])))
-        greedy.append(seq[len(s):])
+    # The target's greedy continuation of each sequence: the golden continuation goes on.
+    greedy = [c["continuation_token_ids"][k:k + S] for c, k in zip(cases, (0, 3, 11))]
     logp, toks = make_trees(B, S, K, N, seed=1)
     # Plant it as the probability-1 path: the root's first child, then frontier slot 0
     # (the best path) at every later step.
