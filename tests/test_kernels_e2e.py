@@ -19,7 +19,8 @@ def setup(stories_dir):
     return target, [c["prompt_token_ids"] for c in cases[:2]], cases
 
 
-@pytest.mark.parametrize("kernels", ["pallas_interpret", "pallas_interpret_gpu"])
+@pytest.mark.parametrize("kernels", [
+    "pallas_interpret", pytest.param("pallas_interpret_gpu", marks=pytest.mark.slow)])
 def test_speculative_with_kernels_equals_references(setup, kernels):
     target, prompts, cases = setup
     d = random_drafter("eagle1", target.config, jax.random.key(5))
