@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["kernels"]:          # its own parser: a device script, see kernels.py
+        from jspec.bench import kernels
+        return kernels.main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.bench == "plain":
         if args.model is None and args.random_config is None:

@@ -1,0 +1,88 @@
+"""``python -m jspec.bench kernels``: tree attention at Llama-3-8B attention shapes.
+
+For each (batch, prefix): the tree-attention kernel with N nodes, the jnp reference on
+the same inputs, and plain decode attention (the kernel with N = 1), in ms, with the
+achieved bandwidth (KV bytes read / time) against the device's measured copy bandwidth.
+Made to be run as one prepared script on a GPU/TPU machine; ``--impl reference`` and
+small ``--prefix`` / ``--batch`` run it on a CPU for a smoke test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.bench.common import format_table
+from jspec.tree.build import build_tree
+from pallas_kernels.tree_attention import tree_attention
+
+COLUMNS = ["batch", "prefix", "N", "kernel ms", "reference ms", "decode ms", "kernel GB/s",
+           "decode GB/s", "copy GB/s", "kernel/decode"]
+
+
+def _time(f, *args, repeats=10):
+    jax.block_until_ready(f(*args))
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def copy_bandwidth(nbytes=1 << 28):
+    x = jnp.ones((nbytes // 4,), jnp.float32)
+    f = jax.jit(lambda x: x + 1)
+    return 2 * nbytes / _time(f, x) / 1e9          # read + write
+
+
+def inputs(batch, prefix, N, H=32, KVH=8, D=128, page=16, dtype=jnp.bfloat16, seed=0):
+    pages_per_row = -(-(prefix + N) // page)
+    P = batch * pages_per_row
+    k1, k2, k3, k4 = jax.random.split(jax.random.key(seed), 4)
+    q = jax.random.normal(k1, (batch, N, H, D), dtype)
+    kp = jax.random.normal(k2, (KVH, P, page, D), dtype)
+    vp = jax.random.normal(k3, (KVH, P, page, D), dtype)
+    table = jax.random.permutation(k4, P).reshape(batch, pages_per_row).astype(jnp.int32)
+    lengths = jnp.full((batch,), prefix, jnp.int32)
+    parents = np.concatenate([[-1], np.arange(N - 1) // 2]).astype(np.int32)  # a binary tree
+    tree = build_tree(jnp.zeros((batch, N), jnp.int32), jnp.broadcast_to(parents, (batch, N)), N)
+    kv_bytes = 2 * KVH * (prefix + N) * D * jnp.dtype(dtype).itemsize * batch
+    return (q, kp, vp, table, lengths, tree.mask_bits), kv_bytes
+
+
+def run(batches, prefixes, N, impl, repeats):
+    kernel = jax.jit(lambda *a: tree_attention(*a, backend=None if impl == "kernel" else "reference"))
+    reference = jax.jit(lambda *a: tree_attention(*a, backend="reference"))
+    copy = copy_bandwidth()
+    rows = []
+    for B in batches:
+        for L in prefixes:
+            args, nbytes = inputs(B, L, N)
+            dargs, dbytes = inputs(B, L, 1)
+            tk, tr, td = (_time(kernel, *args, repeats=repeats), _time(reference, *args, repeats=repeats),
+                          _time(kernel, *dargs, repeats=repeats))
+            rows.append({"batch": B, "prefix": L, "N": N, "kernel ms": tk * 1e3,
+                         "reference ms": tr * 1e3, "decode ms": td * 1e3,
+                         "kernel GB/s": nbytes / tk / 1e9, "decode GB/s": dbytes / td / 1e9,
+                         "copy GB/s": copy, "kernel/decode": tk / td})
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m jspec.bench kernels")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
+    p.add_argument("--prefix", type=int, nargs="+", default=[2048, 8192, 32768])
+    p.add_argument("--nodes", type=int, default=8)
+    p.add_argument("--impl", choices=["kernel", "reference"], default="kernel")
+    p.add_argument("--repeats", type=int, default=10)
+    a = p.parse_args(argv)
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; Llama-3-8B attention: 32 q heads, "
+          f"8 KV heads, head_dim 128, bf16, page 16")
+    rows = run(a.batch, a.prefix, a.nodes, a.impl, a.repeats)
+    print(format_table(rows, COLUMNS))
+    return rows
