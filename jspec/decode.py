@@ -19,14 +19,14 @@ import functools
 import jax
 import jax.numpy as jnp
 from flax import struct
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
 from jspec import kernels, kv_cache as kvc
 from jspec.config import LlamaConfig
 from jspec.llama import Llama
 from jspec.sampling import SamplingConfig, sample
 from jspec.shapes import Bool, Int, Key
-from jspec.sharding import kv_pages_spec
+from jspec.sharding import constrain_kv
 
 # Incremented at trace time: tests read it to prove that calls do not recompile.
 TRACE_COUNTS: collections.Counter = collections.Counter()
@@ -80,13 +80,6 @@ class PlainDecoder:
     mesh: Mesh | None = None  # shard the KV pool over KV heads on this mesh
     kernels: str = "reference"  # see jspec.kernels
 
-    def place_cache(self, cache: kvc.PagedKVCache) -> kvc.PagedKVCache:
-        if self.mesh is None:
-            return cache
-        s = NamedSharding(self.mesh, kv_pages_spec(self.config, self.mesh))
-        return cache.replace(k_pages=jax.lax.with_sharding_constraint(cache.k_pages, s),
-                             v_pages=jax.lax.with_sharding_constraint(cache.v_pages, s))
-
     @property
     def model(self) -> Llama:
         return Llama(self.config)
@@ -110,7 +103,7 @@ class PlainDecoder:
         B = prompt.shape[0]
         cache = kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, page_table,
                                self.num_pages, self.page_size, c.dtype)
-        cache = self.place_cache(cache)
+        cache = constrain_kv(cache, c, self.mesh)
         logits, cache = self.prefill(params, prompt, prompt_lens, cache)
         state = DecodeState(
             cache=cache, tokens=jnp.zeros((B, self.max_new_tokens), jnp.int32),

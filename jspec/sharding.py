@@ -76,3 +76,12 @@ def kv_pages_spec(cfg, mesh: Mesh) -> P:
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
     return NamedSharding(mesh, P("data", *([None] * (ndim - 1))))
+
+
+def constrain_kv(cache, cfg, mesh: Mesh | None):
+    """Pin a KV cache's page pools to the mesh (KV heads over ``model``) inside jit."""
+    if mesh is None:
+        return cache
+    s = NamedSharding(mesh, kv_pages_spec(cfg, mesh))
+    return cache.replace(k_pages=jax.lax.with_sharding_constraint(cache.k_pages, s),
+                         v_pages=jax.lax.with_sharding_constraint(cache.v_pages, s))

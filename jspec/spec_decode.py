@@ -30,6 +30,7 @@ from jspec.config import LlamaConfig
 from jspec.decode import CACHE_FULL, MAX_NEW_TOKENS, RUNNING, STOP_TOKEN, TRACE_COUNTS
 from jspec.llama import Llama
 from jspec.sampling import SamplingConfig, sample, target_probs
+from jspec.sharding import constrain_kv
 from jspec.shapes import Bool, Int, Key
 from jspec.spec_config import SpecConfig
 from jspec.verify import commit_accepted, emitted_tokens, greedy_walk, tree_sample_walk
@@ -93,6 +94,7 @@ class SpecDecoder:
         B, T = prompt.shape
         cache = kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, page_table,
                                self.num_pages, self.page_size, c.dtype)
+        cache = constrain_kv(cache, c, self.mesh)
         pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         valid = pos < prompt_lens[:, None]
         hidden, aux, cache = self.model.apply({"params": params}, prompt, pos, cache, valid=valid,

@@ -35,6 +35,11 @@ SCRIPT = textwrap.dedent("""
                     "sampled": jspec.generate(target, prompts, max_new_tokens=20, stop_ids=[],
                                               temperature=1.0, seed=3).tokens}
     out["golden"] = [c["continuation_token_ids"][:40] for c in cases]
+    from jspec.drafters import random_drafter
+    mesh = sharding.make_mesh(data=2, model=4)
+    d = random_drafter("eagle1", target.config)
+    out["spec_2x4"] = jspec.generate(sharding.shard_target(target, mesh), prompts, max_new_tokens=40,
+                                     stop_ids=[], mesh=mesh, drafter=d).tokens
     print(json.dumps(out))
 """)
 
@@ -48,6 +53,7 @@ def test_sharded_decoding_matches_unsharded(stories_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["plain"]["greedy"] == out["golden"]
+    assert out["spec_2x4"] == out["golden"]                # speculative decoding, sharded
     for mesh in ("2x4", "4x2", "1x8"):
         assert out[mesh]["greedy"] == out["plain"]["greedy"], mesh
         assert out[mesh]["sampled"] == out["plain"]["sampled"], mesh
