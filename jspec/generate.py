@@ -87,6 +87,30 @@ def _stop_ids(target: Target, stop_ids, B: int) -> np.ndarray:
     return out
 
 
+def _admit(lens, limits, overshoot, prompt_bucket, max_len, page_size, num_pages):
+    """Static shapes and pages for a batch: ``(T, cap_new, num_pages, page_table)``.
+
+    A row needs its prompt, its new tokens and the speculative overshoot (the prefill
+    writes only real prompt positions; padding is masked). Refuses what does not fit.
+    """
+    B = len(lens)
+    cap_new = max(1, int(limits.max()))
+    T = int(math.ceil(lens.max() / prompt_bucket) * prompt_bucket)
+    if max_len is None:
+        max_len = T + cap_new + overshoot
+    for r in range(B):
+        if lens[r] + limits[r] + overshoot > max_len:
+            extra = f" plus {overshoot} slots of speculative overshoot" if overshoot else ""
+            raise ValueError(
+                f"prompt {r} has {lens[r]} tokens and asks for {limits[r]} new ones{extra}, more "
+                f"than the cache length max_len={max_len}")
+    max_pages = kvc.pages_needed(max_len, page_size)
+    if num_pages is None:
+        num_pages = B * max_pages
+    need = [int(lens[r] + limits[r] + overshoot) for r in range(B)]
+    return T, cap_new, num_pages, kvc.allocate_page_table(need, page_size, num_pages, max_pages)
+
+
 def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              key: jax.Array | None = None, stop_ids=None, max_len: int | None = None,
@@ -134,24 +158,8 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
         # A verify writes N slots past the committed length; a row may commit up to S
         # tokens past its limit before it stops; the drafter's loop needs its own slots.
         overshoot = max(N, drafter.module.cache_slots(spec)) + S + 1
-    cap_new = max(1, int(limits.max()))
-    T = int(math.ceil(lens.max() / prompt_bucket) * prompt_bucket)
-    if max_len is None:
-        max_len = T + cap_new + overshoot
-    for r in range(B):
-        if lens[r] + limits[r] + overshoot > max_len:
-            extra = f" plus {overshoot} slots of speculative overshoot" if overshoot else ""
-            raise ValueError(
-                f"prompt {r} has {lens[r]} tokens and asks for {limits[r]} new ones{extra}, more "
-                f"than the cache length max_len={max_len}")
-    max_pages = kvc.pages_needed(max_len, page_size)
-    if num_pages is None:
-        num_pages = B * max_pages
-    # The prefill writes only real prompt positions (padding is masked), so a row needs
-    # its prompt, its new tokens and the overshoot.
-    need = [int(lens[r] + limits[r] + overshoot) for r in range(B)]
-    page_table = kvc.allocate_page_table(need, page_size, num_pages, max_pages)
-
+    T, cap_new, num_pages, page_table = _admit(lens, limits, overshoot, prompt_bucket, max_len,
+                                               page_size, num_pages)
     prompt = np.zeros((B, T), np.int32)
     for r, p in enumerate(ids):
         prompt[r, :len(p)] = p
