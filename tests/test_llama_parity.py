@@ -225,9 +225,12 @@ def _v4_dict(hf_config) -> dict:
 
 
 def randomize_(model, seed):
-    """Replace HF's tiny init with O(1)-activation random weights so parity is meaningful."""
+    """Replace HF's tiny init with O(1)-activation random weights so parity is meaningful.
+
+    ``seed``: an int, or a ``torch.Generator`` to draw from (the golden-file script keeps
+    drawing its input ids from the same generator afterwards)."""
     import torch
-    g = torch.Generator().manual_seed(seed)
+    g = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):

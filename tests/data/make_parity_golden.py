@@ -20,12 +20,15 @@ Run:  python tests/data/make_parity_golden.py
 from __future__ import annotations
 
 import json
-import math
 import os
+import sys
 
 import numpy as np
 import torch
 import transformers
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from test_llama_parity import randomize_  # noqa: E402  (the parity test's own initialisation)
 
 SEED = 1234
 T = 48
@@ -46,14 +49,7 @@ def main(out: str = OUT) -> None:
 
     # O(1) activations instead of HF's 0.02-std init, so the logits are not all ~0.
     g = torch.Generator().manual_seed(SEED)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
-            elif "embed_tokens" in name:
-                p.copy_(0.5 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+    randomize_(model, g)
 
     ids = torch.randint(0, cfg.vocab_size, (1, T), generator=g)
     with torch.no_grad():
