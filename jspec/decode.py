@@ -48,22 +48,37 @@ class DecodeState:
     step: Int[""]
 
 
+def emit_block(s, toks, n, stop_ids, max_new, next_slots: int):
+    """Append up to ``n [B]`` of ``toks [B, A]`` to every running row of a decode state
+    (any state with ``tokens, num_generated, done, stop_reason, cache``), cut at the first
+    stop id (which is kept) and at the row's ``max_new``, and mark rows done. A row whose
+    cache cannot take ``next_slots`` more positions stops with ``CACHE_FULL``.
+    Shared by plain decoding (one token, one slot) and the speculative driver (a block).
+    """
+    B, A = toks.shape
+    live = ~s.done
+    j = jnp.arange(A)[None]
+    is_stop = jnp.any(toks[:, :, None] == stop_ids[:, None, :], -1) & (j < n[:, None])
+    first_stop = jnp.where(jnp.any(is_stop, 1), jnp.argmax(is_stop, 1) + 1, A + 1)
+    budget = max_new - s.num_generated
+    m = jnp.where(live, jnp.minimum(jnp.minimum(n, budget), first_stop), 0)
+    dst = jnp.where(j < m[:, None], s.num_generated[:, None] + j, s.tokens.shape[1])
+    tokens = s.tokens.at[jnp.arange(B)[:, None], dst].set(toks, mode="drop")
+    num = s.num_generated + m
+    full = s.cache.lengths + next_slots > s.cache.capacity
+    hit = live & (first_stop <= m)
+    reason = jnp.where(hit, STOP_TOKEN, jnp.where(num >= max_new, MAX_NEW_TOKENS,
+                                                  jnp.where(full, CACHE_FULL, RUNNING)))
+    reason = jnp.where(live, reason, s.stop_reason)
+    return s.replace(tokens=tokens, num_generated=num, done=s.done | (reason != RUNNING),
+                     stop_reason=reason)
+
+
 def emit(state: DecodeState, tok: jax.Array, stop_ids: jax.Array, max_new: jax.Array) -> DecodeState:
-    """Append ``tok`` to every running row and update done flags."""
+    """Append ``tok`` to every running row; it becomes the row's next token to feed."""
     live = ~state.done
-    B = tok.shape[0]
-    idx = jnp.where(live, state.num_generated, state.tokens.shape[1])
-    tokens = state.tokens.at[jnp.arange(B), idx].set(tok, mode="drop")
-    n = state.num_generated + live.astype(jnp.int32)
-    hit_stop = jnp.any(tok[:, None] == stop_ids, axis=1)
-    # The next token needs one more cache slot.
-    full = state.cache.lengths + 1 > state.cache.capacity
-    reason = jnp.where(hit_stop, STOP_TOKEN,
-                       jnp.where(n >= max_new, MAX_NEW_TOKENS,
-                                 jnp.where(full, CACHE_FULL, RUNNING)))
-    reason = jnp.where(live, reason, state.stop_reason)
-    return state.replace(tokens=tokens, num_generated=n, last_token=jnp.where(live, tok, state.last_token),
-                         done=state.done | (reason != RUNNING), stop_reason=reason)
+    state = emit_block(state, tok[:, None], jnp.ones_like(tok), stop_ids, max_new, next_slots=1)
+    return state.replace(last_token=jnp.where(live, tok, state.last_token))
 
 
 def row_step_keys(state: DecodeState) -> jax.Array:

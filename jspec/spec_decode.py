@@ -27,7 +27,7 @@ from flax import struct
 
 from jspec import kernels, kv_cache as kvc
 from jspec.config import LlamaConfig
-from jspec.decode import CACHE_FULL, MAX_NEW_TOKENS, RUNNING, STOP_TOKEN, TRACE_COUNTS
+from jspec.decode import MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, emit_block
 from jspec.llama import Llama
 from jspec.sampling import SamplingConfig, sample, target_probs
 from jspec.sharding import constrain_kv
@@ -154,25 +154,8 @@ class SpecDecoder:
         return idx, n, jnp.argmax(logits[jnp.arange(B), last], -1).astype(jnp.int32)
 
     def emit(self, s: SpecState, toks, n, stop_ids, max_new) -> SpecState:
-        """Append up to ``n`` tokens per live row, cut at a stop id or the row's limit."""
-        B, A = toks.shape
-        live = ~s.done
-        j = jnp.arange(A)[None]
-        is_stop = jnp.any(toks[:, :, None] == stop_ids[:, None, :], -1) & (j < n[:, None])
-        first_stop = jnp.where(jnp.any(is_stop, 1), jnp.argmax(is_stop, 1) + 1, A + 1)
-        budget = max_new - s.num_generated
-        m = jnp.where(live, jnp.minimum(jnp.minimum(n, budget), first_stop), 0)
-        dst = jnp.where(j < m[:, None], s.num_generated[:, None] + j, s.tokens.shape[1])
-        tokens = s.tokens.at[jnp.arange(B)[:, None], dst].set(toks, mode="drop")
-        num = s.num_generated + m
         _, N = self.shape
-        full = s.cache.lengths + N > s.cache.capacity   # the next verify writes N slots
-        hit = live & (first_stop <= m)
-        reason = jnp.where(hit, STOP_TOKEN, jnp.where(num >= max_new, MAX_NEW_TOKENS,
-                                                      jnp.where(full, CACHE_FULL, RUNNING)))
-        reason = jnp.where(live, reason, s.stop_reason)
-        return s.replace(tokens=tokens, num_generated=num, done=s.done | (reason != RUNNING),
-                         stop_reason=reason)
+        return emit_block(s, toks, n, stop_ids, max_new, next_slots=N)  # the next verify writes N
 
     def draft_phase(self, params, dparams, s: SpecState):
         return self.drafter.propose(dparams, (self.config, params), s.draft, s.root, self.spec)
