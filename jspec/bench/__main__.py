@@ -1,4 +1,4 @@
-"""``python -m jspec.bench {plain,forward,spec} ...`` (see :mod:`jspec.bench`)."""
+"""``python -m jspec.bench {plain,forward,spec,anatomy} ...`` (see :mod:`jspec.bench`)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="random-weight drafters to run (the oracle always runs)")
     s.add_argument("--simulate", metavar="E", type=float, nargs="+", default=None,
                    help="part B: forced mean accept lengths (e.g. 2 3 4)")
+    s = sub.add_parser("anatomy", help="compiled plain step and speculative phases: kernels, "
+                                       "bytes, flops, memory, compile time (nothing timed)")
+    s.add_argument("--random-config", metavar="NAME", default="tiny",
+                   help="a named random config (tiny, 100m, llama3-8b); no weights are made")
+    s.add_argument("--drafter", metavar="KIND", default="eagle3",
+                   help="eagle1, eagle3, mtp, medusa, or none (plain step only)")
+    s.add_argument("--spec", metavar="S,K,N", default=None,
+                   help="tree knobs (default: the drafter's); a chain is S,1,S+1")
+    s.add_argument("--draft-vocab", type=int, default=None,
+                   help="eagle3: reduced draft vocabulary (with a d2t map)")
+    s.add_argument("--batch", type=int, default=8)
+    s.add_argument("--context", type=int, default=1024, help="prompt tokens in the cache per row")
+    s.add_argument("--max-new", type=int, default=128)
+    s.add_argument("--page-size", type=int, default=16)
+    s.add_argument("--temperature", type=float, default=0.0,
+                   help="> 0 compiles the sampling walk instead of the greedy one")
+    s.add_argument("--dtype", default=None,
+                   help="default: the config's natural dtype (bfloat16 for llama3-8b, else float32)")
+    s.add_argument("--programs", nargs="+", default=None,
+                   help="a subset of: plain_step draft verify finish iteration")
+    s.add_argument("--json", metavar="OUT", help="also write the rows as JSON")
     return p
 
 
@@ -74,6 +95,9 @@ def main(argv=None):
             args.random_config = "100m" if args.simulate else "tiny"
         from jspec.bench import spec
         return spec.main(args)
+    if args.bench == "anatomy":
+        from jspec.bench import anatomy
+        return anatomy.main(args)
     if args.random_config is None:
         args.random_config = "100m"
     from jspec.bench import forward

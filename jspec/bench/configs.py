@@ -18,7 +18,22 @@ RANDOM_CONFIGS: dict[str, LlamaConfig] = {
                         num_heads=12, num_kv_heads=4, head_dim=64, rope=LLAMA3_ROPE,
                         tie_word_embeddings=True, max_position_embeddings=131072,
                         bos_token_id=1, eos_token_ids=(2,)),
+    # Llama-3-8B's shapes (untied, GQA 32/8, llama3 RoPE). Natural dtype bfloat16 (see
+    # NATURAL_DTYPES); meant for shape-only work such as `python -m jspec.bench anatomy`.
+    "llama3-8b": LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                             num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
+                             rope=LLAMA3_ROPE, tie_word_embeddings=False,
+                             max_position_embeddings=131072, bos_token_id=128000,
+                             eos_token_ids=(128001, 128009)),
 }
+
+# The dtype a config is usually run in. random_config() still defaults to float32 for every
+# config; tools that default to the natural dtype (the anatomy bench) read this.
+NATURAL_DTYPES: dict[str, str] = {"llama3-8b": "bfloat16"}
+
+
+def natural_dtype(name: str) -> str:
+    return NATURAL_DTYPES.get(name, "float32")
 
 
 def random_config(name: str, dtype: str = "float32") -> LlamaConfig:

@@ -1,0 +1,426 @@
+"""``python -m jspec.bench anatomy``: what the compiled decode programs are made of (nothing timed).
+
+For the plain decode step and for one speculative iteration, split into its phases
+(draft, verify, finish) and as a whole, this compiles each program from **abstract
+inputs** (``jax.ShapeDtypeStruct`` / ``jax.eval_shape``: an 8B-shaped model needs no
+weights and no memory) and reads the compiled executable:
+
+- ``kernels``: kernels in the optimized HLO module (rule below); ``per_layer``: that
+  count divided by the target's number of layers;
+- ``bytes_MB`` / ``GFLOP``: ``compiled.cost_analysis()`` ("bytes accessed", "flops");
+  ``bytes_x`` / ``flops_x``: the same over the plain step's;
+- ``temp_MB`` / ``arg_MB`` / ``out_MB`` / ``alias_MB``: ``compiled.memory_analysis()``
+  (peak temporaries, arguments, outputs, outputs aliased to donated arguments);
+- ``compile_s``: seconds of ``jit(...).lower(...).compile()`` (lowering included);
+- ``pool_copies``: ``copy`` instructions, at top level or inside fusions, whose result has
+  exactly the shape and element type of the target's or the drafter's KV pool
+  (``k_pages``/``v_pages``). Zero means no program copies a whole pool.
+
+**Counting rule (kernels).** The module is walked from ``ENTRY`` through the control-flow
+computations only: while bodies and conditions, conditional branches and ``call`` targets.
+**Each of those computations is counted once**, however many times it runs (a ``lax.scan``
+of S-1 draft steps contributes its body once; so does the cost analysis, which also
+counts a while body once). Every instruction of a control-flow computation is one kernel,
+except the ones that move no data or only hand control on: ``parameter``, ``constant``,
+``get-tuple-element``, ``tuple``, ``bitcast``, ``while`` / ``conditional`` / ``call``
+(their bodies are walked instead), ``after-all``, ``add-dependency``, ``opt-barrier``,
+``domain``, ``partition-id``, ``replica-id`` and the ``*-done`` / ``*-update`` halves of
+async pairs. So a fusion is one kernel whatever it contains, a custom-call is one, and
+so are a dot, convolution, copy, scatter, gather, sort, dynamic-update-slice ... left
+outside any fusion. Computations reached through ``calls=`` of a fusion (or an async
+start) or ``to_apply=`` (reducers, scatter combiners, sort comparators) are parts of
+their parent kernel and are not counted; fused computations are only read for
+``pool_copies``. On CPU the backend also wraps single elementwise ops in fusions
+("wrapped_*"), each one kernel by this rule; counts are comparable across commits on one
+backend, not across backends.
+
+**How the programs are built.** As :func:`jspec.generate.generate` builds them: pages come
+from :func:`jspec.generate._admit` for ``B`` prompts of ``C`` tokens (the context) that
+ask for ``--max-new`` tokens plus the speculative overshoot; the decode states are the
+abstract outputs of the decoders' own functions (``PlainDecoder.run`` for the loop carry,
+``SpecDecoder.initial_state``), so every shape is exactly the driver's. Arguments that the
+decode loop carries (and so updates in place) are donated, as a ``while`` carry would be:
+the plain step's state, verify's target cache, finish's and the whole iteration's state.
+The draft phase's state is *not* donated: the iteration still needs it after the draft
+(the extend writes the drafter's committed KV), which is precisely what may force a copy.
+The finish program receives the verified cache inside its state (``s.cache``, which
+``finish_phase`` does not otherwise read), so donating the state aliases the right buffer.
+``kernels="reference"``; greedy unless ``--temperature`` > 0.
+
+All target parameter shapes come from :func:`abstract_target_params`, drafter ones from
+:func:`abstract_drafter`: change those two functions when the parameter layout changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec import llama
+from jspec.bench import common, configs
+from jspec.config import LlamaConfig
+from jspec.decode import PlainDecoder
+from jspec.drafters import DEFAULT_SPECS, Drafter, random_drafter
+from jspec.generate import _admit
+from jspec.sampling import SamplingConfig
+from jspec.spec_config import SpecConfig
+from jspec.spec_decode import SpecDecoder, tree_shape
+
+COLUMNS = ["program", "kernels", "per_layer", "bytes_MB", "bytes_x", "GFLOP", "flops_x",
+           "temp_MB", "arg_MB", "out_MB", "alias_MB", "compile_s", "pool_copies"]
+
+
+# ------------------------------------------------------------------ abstract params
+def abstract_target_params(cfg: LlamaConfig):
+    """Shape/dtype tree of the target's parameters, without allocating them. Every target
+    parameter path of this module goes through here."""
+    return jax.eval_shape(lambda k: llama.init_params(cfg, k), jax.random.key(0))
+
+
+def abstract_drafter(kind: str, cfg: LlamaConfig, **kw) -> Drafter:
+    """A :class:`~jspec.drafters.Drafter` whose params are shape/dtype structs."""
+    box = {}
+
+    def init(k):
+        d = random_drafter(kind, cfg, k, **kw)
+        box["module"] = d.module
+        return d.params
+
+    params = jax.eval_shape(init, jax.random.key(0))
+    return Drafter(box["module"], params)
+
+
+def _abstract(x):
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), x)
+
+
+# ------------------------------------------------------------------ HLO reading
+_HLO_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64",
+              "int32": "s32", "int8": "s8", "uint8": "u8", "int64": "s64"}
+NON_KERNEL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
+              "conditional", "call", "after-all", "add-dependency", "opt-barrier", "domain",
+              "partition-id", "replica-id"}
+CONTROL_ATTRS = ("body", "condition", "true_computation", "false_computation")
+
+
+@dataclasses.dataclass
+class Instr:
+    name: str
+    shape: str        # text of the result shape, layout included
+    opcode: str
+    attrs: str        # everything after the operand list
+
+
+def _split_shape(rest: str) -> tuple[str, str]:
+    if rest.startswith("("):
+        depth = 0
+        for i, ch in enumerate(rest):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0:
+                return rest[:i + 1], rest[i + 1:].lstrip()
+    shape, _, tail = rest.partition(" ")
+    return shape, tail
+
+
+def parse_hlo(text: str) -> tuple[dict[str, list[Instr]], str]:
+    """``({computation name: instructions}, entry name)`` from an HLO module's text."""
+    comps: dict[str, list[Instr]] = {}
+    entry, cur = None, None
+    header = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*\(.*->.*\{\s*$")
+    for line in text.splitlines():
+        if cur is None:
+            m = header.match(line)
+            if m:
+                cur = m.group(2)
+                comps[cur] = []
+                if m.group(1):
+                    entry = cur
+            continue
+        s = line.strip()
+        if s == "}":
+            cur = None
+            continue
+        if " = " not in s:
+            continue
+        if s.startswith("ROOT "):
+            s = s[5:]
+        name, rest = s.split(" = ", 1)
+        shape, tail = _split_shape(rest)
+        m = re.match(r"([\w\-]+)", tail)
+        if not m:
+            continue
+        comps[cur].append(Instr(name.lstrip("%"), shape, m.group(1), tail[m.end():]))
+    if entry is None:
+        raise ValueError("no ENTRY computation in the HLO text")
+    return comps, entry
+
+
+def _called(attrs: str, keys) -> list[str]:
+    out = []
+    for k in keys:
+        for m in re.finditer(rf"\b{k}=(\{{[^}}]*\}}|%?[^\s,]+)", attrs):
+            v = m.group(1).strip("{}")
+            out += [x.strip().lstrip("%") for x in v.split(",") if x.strip()]
+    return out
+
+
+def _shape_key(shape: str) -> tuple[str, tuple[int, ...]] | None:
+    m = re.match(r"^([a-z]+\d*)\[([\d,]*)\]", shape)
+    if not m:
+        return None
+    dims = tuple(int(d) for d in m.group(2).split(",") if d)
+    return m.group(1), dims
+
+
+def pool_key(x) -> tuple[str, tuple[int, ...]]:
+    return _HLO_TYPES[np.dtype(x.dtype).name], tuple(x.shape)
+
+
+def count_kernels(text: str, pool_shapes=()) -> dict:
+    """Kernel counts of an optimized HLO module by the rule in the module docstring, and
+    ``pool_copies``: copies (anywhere, fusions included) with a result in ``pool_shapes``
+    (``(hlo element type, dims)`` pairs)."""
+    comps, entry = parse_hlo(text)
+    pools = set(pool_shapes)
+    counts = {"kernels": 0, "fusions": 0, "custom_calls": 0, "unfused_dots": 0, "unfused_copies": 0,
+              "other_unfused": 0, "while_loops": 0, "pool_copies": 0}
+    seen_control, seen_fused = set(), set()
+
+    def fused(name):                      # read a fusion's computations for pool copies only
+        if name in seen_fused or name not in comps:
+            return
+        seen_fused.add(name)
+        for ins in comps[name]:
+            if ins.opcode in ("copy", "copy-start") and _shape_key(ins.shape) in pools:
+                counts["pool_copies"] += 1
+            for c in _called(ins.attrs, ("calls",)):
+                fused(c)
+
+    def control(name):
+        if name in seen_control or name not in comps:
+            return
+        seen_control.add(name)
+        for ins in comps[name]:
+            op = ins.opcode
+            if op == "while":
+                counts["while_loops"] += 1
+            if op in ("while", "conditional", "call"):
+                for c in _called(ins.attrs, CONTROL_ATTRS + ("branch_computations", "to_apply")):
+                    control(c)
+                continue
+            if op in NON_KERNEL or op.endswith("-done") or op.endswith("-update"):
+                continue
+            counts["kernels"] += 1
+            if op == "fusion":
+                counts["fusions"] += 1
+            elif op == "custom-call":
+                counts["custom_calls"] += 1
+            elif op in ("dot", "convolution"):
+                counts["unfused_dots"] += 1
+            elif op == "copy":
+                counts["unfused_copies"] += 1
+            else:
+                counts["other_unfused"] += 1
+            if op in ("copy", "copy-start") and _shape_key(ins.shape) in pools:
+                counts["pool_copies"] += 1
+            for c in _called(ins.attrs, ("calls",)):
+                fused(c)
+
+    control(entry)
+    return counts
+
+
+def _cost(compiled) -> dict:
+    ca = compiled.cost_analysis()
+    if isinstance(ca, (list, tuple)):           # older jax: one dict per computation
+        ca = ca[0] if ca else {}
+    ca = ca or {}
+    return {"bytes": float(ca.get("bytes accessed", float("nan"))),
+            "flops": float(ca.get("flops", float("nan")))}
+
+
+def _memory(compiled) -> dict:
+    m = compiled.memory_analysis()
+    get = lambda k: float(getattr(m, k, float("nan"))) if m is not None else float("nan")
+    return {"temp_bytes": get("temp_size_in_bytes"), "arg_bytes": get("argument_size_in_bytes"),
+            "out_bytes": get("output_size_in_bytes"), "alias_bytes": get("alias_size_in_bytes")}
+
+
+def analyse(name: str, fn: Callable, args: tuple, donate=(), pool_shapes=(),
+            num_layers: int = 1) -> dict:
+    """Compile ``fn(*args)`` (abstract args) and read its anatomy into one table row."""
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn, donate_argnums=tuple(donate)).lower(*args).compile()
+    compile_s = time.perf_counter() - t0
+    k = count_kernels(compiled.as_text(), pool_shapes)
+    row = {"program": name, **k, "per_layer": k["kernels"] / num_layers, **_cost(compiled),
+           **_memory(compiled), "compile_s": compile_s}
+    mb = lambda b: b / 1e6
+    row.update(bytes_MB=mb(row["bytes"]), GFLOP=row["flops"] / 1e9, temp_MB=mb(row["temp_bytes"]),
+               arg_MB=mb(row["arg_bytes"]), out_MB=mb(row["out_bytes"]),
+               alias_MB=mb(row["alias_bytes"]))
+    return row
+
+
+# ------------------------------------------------------------------ programs
+def parse_spec(text: str | None) -> SpecConfig | None:
+    if text is None:
+        return None
+    try:
+        S, K, N = (int(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--spec wants S,K,N (e.g. 5,4,8 or 4,1,5), got {text!r}") from None
+    return SpecConfig(S, K, N)
+
+
+@dataclasses.dataclass
+class Setup:
+    cfg: LlamaConfig
+    batch: int
+    context: int
+    max_new: int = 128
+    page_size: int = 16
+    temperature: float = 0.0
+
+    def inputs(self, overshoot: int):
+        """Abstract (prompt, lens, page_table, stop_ids, limits, key) as generate() would
+        admit ``batch`` prompts of ``context`` tokens."""
+        B = self.batch
+        lens = np.full((B,), self.context, np.int32)
+        limits = np.full((B,), self.max_new, np.int32)
+        T, cap_new, num_pages, table = _admit(lens, limits, overshoot, 16, None, self.page_size, None)
+        sds = jax.ShapeDtypeStruct
+        i32 = jnp.int32
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        return dict(prompt=sds((B, T), i32), lens=sds((B,), i32), table=sds(table.shape, i32),
+                    stop=sds((B, 8), i32), limits=sds((B,), i32), key=key, cap_new=cap_new,
+                    num_pages=num_pages)
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(self.temperature)
+
+
+def plain_program(setup: Setup, params) -> tuple[Callable, tuple, tuple, Any]:
+    """``(fn, abstract args, donated argnums, state)`` for one plain decode step."""
+    c = setup.cfg
+    a = setup.inputs(0)
+    dec = PlainDecoder(c, setup.sampling, a["cap_new"], setup.page_size, a["num_pages"])
+    state = jax.eval_shape(lambda *x: dec.run(*x), params, a["prompt"], a["lens"], a["table"],
+                           a["stop"], a["limits"], a["key"])
+    fn = lambda p, s, stop, mx: dec.step(p, s, stop, mx)
+    return fn, (params, state, a["stop"], a["limits"]), (1,), state
+
+
+def spec_programs(setup: Setup, params, drafter: Drafter, spec: SpecConfig | None):
+    """``({name: (fn, abstract args, donated argnums)}, state, spec)`` for draft, verify,
+    finish and the whole iteration, built the way ``generate()`` builds its driver."""
+    c = setup.cfg
+    spec = spec if spec is not None else drafter.default_spec
+    drafter.module.validate(c, None)
+    S, N = tree_shape(drafter.module, spec)
+    overshoot = max(N, drafter.module.cache_slots(spec)) + S + 1
+    a = setup.inputs(overshoot)
+    dec = SpecDecoder(c, drafter.module, spec, setup.sampling, a["cap_new"], setup.page_size,
+                      a["num_pages"], 0.0, None, "reference")
+    dp = drafter.params
+    s = jax.eval_shape(lambda *x: dec.initial_state(*x), params, dp, a["prompt"], a["lens"],
+                       a["table"], a["table"], a["stop"], a["limits"], a["key"])
+    stop, mx = a["stop"], a["limits"]
+    tree = jax.eval_shape(lambda p, d, st: dec.draft_phase(p, d, st), params, dp, s)
+    logits, feats, _ = jax.eval_shape(lambda p, cache, t: dec.verify(p, cache, t),
+                                      params, s.cache, tree)
+
+    def finish(p, d, st, t, lg, ft, stp, m):
+        return dec.finish_phase(p, d, st, t, lg, ft, st.cache, stp, m)
+
+    progs = {
+        "draft": (lambda p, d, st: dec.draft_phase(p, d, st), (params, dp, s), ()),
+        "verify": (lambda p, cache, t: dec.verify(p, cache, t), (params, s.cache, tree), (1,)),
+        "finish": (finish, (params, dp, s, tree, logits, feats, stop, mx), (2,)),
+        "iteration": (lambda p, d, st, stp, m: dec.iterate(p, d, st, stp, m),
+                      (params, dp, s, stop, mx), (2,)),
+    }
+    return progs, s, spec
+
+
+def pool_shapes_of(state) -> dict[str, tuple]:
+    out = {"target": pool_key(state.cache.k_pages)}
+    dcache = getattr(getattr(state, "draft", None), "cache", None)
+    if dcache is not None:
+        out["draft"] = pool_key(dcache.k_pages)
+    return out
+
+
+def anatomy(cfg: LlamaConfig, kind: str | None = "eagle3", spec: SpecConfig | None = None,
+            batch: int = 8, context: int = 1024, max_new: int = 128, page_size: int = 16,
+            temperature: float = 0.0, draft_vocab: int | None = None,
+            programs=None, log=None) -> dict:
+    """Rows for the plain step and (with a drafter ``kind``) draft / verify / finish /
+    iteration. ``programs``: names to compile (default all)."""
+    setup = Setup(cfg, batch, context, max_new, page_size, temperature)
+    params = abstract_target_params(cfg)
+    want = lambda n: programs is None or n in programs
+    rows, info = [], {}
+    pools = {}
+    fn, args, donate, pstate = plain_program(setup, params)
+    pools.update(pool_shapes_of(pstate))
+    progs = {}
+    if kind is not None:
+        kw = {"vocab_size": draft_vocab} if draft_vocab else {}
+        drafter = abstract_drafter(kind, cfg, **kw)
+        progs, sstate, spec = spec_programs(setup, params, drafter, spec)
+        pools.update(pool_shapes_of(sstate))
+        S, N = tree_shape(drafter.module, spec)
+        info.update(drafter=kind, spec=None if spec is None else
+                    [spec.num_steps, spec.topk, spec.num_draft_tokens], tree_depth=S, tree_nodes=N,
+                    draft_vocab=getattr(drafter.module, "draft_vocab", None))
+    all_progs = {"plain_step": (fn, args, donate), **progs}
+    for name, (f, a, d) in all_progs.items():
+        if not want(name):
+            continue
+        if log:
+            log(f"compiling {name} ...")
+        rows.append(analyse(name, f, a, d, pools.values(), cfg.num_layers))
+    base = next((r for r in rows if r["program"] == "plain_step"), None)
+    for r in rows:
+        r["bytes_x"] = r["bytes"] / base["bytes"] if base and base["bytes"] else float("nan")
+        r["flops_x"] = r["flops"] / base["flops"] if base and base["flops"] else float("nan")
+    info.update(pool_shapes={k: [v[0], list(v[1])] for k, v in pools.items()},
+                batch=batch, context=context, max_new=max_new, page_size=page_size,
+                dtype=cfg.dtype, num_layers=cfg.num_layers, temperature=temperature)
+    return {"info": info, "rows": rows}
+
+
+# ------------------------------------------------------------------ CLI
+def render(result: dict, title: str = "") -> str:
+    i = result["info"]
+    lines = [title] if title else []
+    lines.append(" ".join(f"{k}={v}" for k, v in i.items() if k != "pool_shapes"))
+    lines.append("pools: " + ", ".join(f"{k} {t}{d}" for k, (t, d) in i["pool_shapes"].items()))
+    lines.append(common.format_table(result["rows"], COLUMNS))
+    return "\n".join(lines)
+
+
+def main(args) -> dict:
+    name = args.random_config
+    dtype = args.dtype or configs.natural_dtype(name)
+    cfg = configs.random_config(name, dtype)
+    kind = None if args.drafter in (None, "none", "plain") else args.drafter
+    log = lambda m: print(m, flush=True)
+    result = anatomy(cfg, kind, parse_spec(args.spec), args.batch, args.context, args.max_new,
+                     args.page_size, args.temperature, args.draft_vocab, args.programs, log=log)
+    result["info"] = {"config": name, **result["info"], "jax": jax.__version__,
+                      "backend": jax.default_backend(), "load_avg": common.load_avg()}
+    print(render(result, "compiled-program anatomy (counts: while/scan bodies once; "
+                         "bytes/flops: XLA cost analysis)"))
+    if args.json:
+        common.write_json(args.json, result)
+    return result
