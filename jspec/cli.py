@@ -19,6 +19,14 @@ def _ids(s: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {s!r}")
 
 
+def add_kernels_arg(p: argparse.ArgumentParser) -> None:
+    from jspec.kernels import MODES
+    p.add_argument("--kernels", choices=MODES, default="auto",
+                   help="attention / verify-walk implementation (default auto: the Pallas "
+                        "kernels on TPU/GPU, falling back to the reference with a logged "
+                        "warning; the reference on CPU)")
+
+
 def add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="HF directory, jspec Orbax directory or llama2.c .bin")
     p.add_argument("--tokenizer", help="tokenizer file (tok*.bin or tokenizer.json) overriding the model's")
@@ -33,6 +41,7 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-ids", type=_ids, default=None, help="ids that end a row (default: EOS)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_kernels_arg(p)
     sp = p.add_argument_group("speculative decoding")
     sp.add_argument("--drafter", help="drafter checkpoint (HF EAGLE/EAGLE-3/Medusa/MTP layout or "
                     "jspec Orbax), or random:KIND (eagle1|eagle3|mtp|medusa) for random weights")
@@ -76,7 +85,7 @@ def run_generate(args) -> int:
     res = jspec.generate(target, prompts, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                          seed=args.seed, stop_ids=args.stop_ids, drafter=drafter, spec=spec,
-                         profile=args.profile)
+                         profile=args.profile, kernels=args.kernels)
     if args.json:
         out = {"tokens": res.tokens, "text": res.text,
                "stats": {"rows": res.stats, **res.summary(), "profile": res.profile}}
@@ -121,6 +130,7 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default=None, help="default: 'def fibonacci(n):' for the shipped "
                    "model (it writes Python), 'Once upon a time' otherwise")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    add_kernels_arg(p)
 
 
 def run_demo(args) -> int:
@@ -152,8 +162,9 @@ def run_demo(args) -> int:
     def show(res):
         return prompt + (res.text[0] if res.text else " ".join(map(str, res.tokens[0])))
 
-    first = jspec.generate(target, [prompt], max_new_tokens=n)
-    plain = jspec.generate(target, [prompt], max_new_tokens=n)
+    kernels = args.kernels
+    first = jspec.generate(target, [prompt], max_new_tokens=n, kernels=kernels)
+    plain = jspec.generate(target, [prompt], max_new_tokens=n, kernels=kernels)
     if not (drafter_dir / "jspec_drafter.json").exists():
         print(show(plain))
         print(f"plain decoding: {len(plain.tokens[0])} tokens, {plain.tokens_per_s:.1f} tok/s "
@@ -163,8 +174,8 @@ def run_demo(args) -> int:
         return 0
     drafter = load_drafter(drafter_dir, target.config)
     spec = drafter.default_spec
-    sfirst = jspec.generate(target, [prompt], max_new_tokens=n, drafter=drafter)
-    fast = jspec.generate(target, [prompt], max_new_tokens=n, drafter=drafter)
+    sfirst = jspec.generate(target, [prompt], max_new_tokens=n, drafter=drafter, kernels=kernels)
+    fast = jspec.generate(target, [prompt], max_new_tokens=n, drafter=drafter, kernels=kernels)
     same = fast.tokens == plain.tokens
     print(f"drafter: {drafter_dir} ({drafter.kind}, tree (steps {spec.num_steps}, top-k "
           f"{spec.topk}, {spec.num_draft_tokens} draft tokens))")

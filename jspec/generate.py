@@ -22,7 +22,7 @@ import numpy as np
 
 from jspec import kv_cache as kvc
 from jspec.decode import STOP_REASONS, PlainDecoder
-from jspec.kernels import check_mode as check_kernels
+from jspec.kernels import check_mode as check_kernels, resolve as resolve_kernels
 from jspec.sampling import SamplingConfig
 from jspec.spec_config import SpecConfig
 from jspec.spec_decode import SpecDecoder, tree_shape
@@ -117,7 +117,7 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
              page_size: int = 16, num_pages: int | None = None,
              prompt_bucket: int = 16, mesh=None, drafter=None, spec: SpecConfig | None = None,
              forced_accept: float = 0.0, profile: bool = False,
-             kernels: str = "reference") -> GenerationResult:
+             kernels: str = "auto") -> GenerationResult:
     """Generate continuations of ``prompts``: with the target alone, or speculatively.
 
     ``prompts``: one prompt or a list; each a string (needs a tokenizer) or token ids.
@@ -137,8 +137,10 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     then *not* the target's; it measures the plumbing apart from drafter quality).
     ``profile``: run the speculative loop phase by phase from the host and report the
     draft / verify / other time shares in ``result.profile`` (slower; for diagnosis).
-    ``kernels``: ``"reference"`` (XLA), ``"pallas"`` (TPU/GPU kernels) or
-    ``"pallas_interpret"`` (the kernels in interpret mode, any backend); see :mod:`jspec.kernels`.
+    ``kernels``: ``"auto"`` (the Pallas kernels on TPU/GPU when they compile for these shapes,
+    else the reference, with a logged reason), ``"reference"`` (XLA), ``"pallas"`` (TPU/GPU
+    kernels, an error where they cannot run) or ``"pallas_interpret"`` (the kernels in
+    interpret mode, any backend); see :mod:`jspec.kernels`.
     """
     check_kernels(kernels)
     sampling = SamplingConfig(temperature, top_k, top_p)
@@ -160,6 +162,11 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
         overshoot = max(N, drafter.module.cache_slots(spec)) + S + 1
     T, cap_new, num_pages, page_table = _admit(lens, limits, overshoot, prompt_bucket, max_len,
                                                page_size, num_pages)
+    kernels = resolve_kernels(kernels, target.config, page_size=page_size,
+                              num_nodes=1 if drafter is None else N,
+                              max_depth=None if drafter is None else S,
+                              greedy=sampling.greedy, batch=B, max_pages=page_table.shape[1],
+                              num_pages=num_pages, mesh=mesh)
     prompt = np.zeros((B, T), np.int32)
     for r, p in enumerate(ids):
         prompt[r, :len(p)] = p

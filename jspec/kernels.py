@@ -1,5 +1,15 @@
 """Which implementation runs attention and the verify walk.
 
+``"auto"`` (the default of :func:`jspec.generate` and the CLI): the Pallas kernels on TPU
+and GPU, the reference on CPU. :func:`resolve` turns it into a concrete mode on the host,
+before any decoder is built (decoders only ever see concrete modes): on TPU/GPU it first
+checks statically that the kernels can express the configuration (head dim, page size,
+dtype, tree width, vocabulary; single device), then compiles the tree-attention kernel and
+the verify walk once for the shapes in use (cached per shape key). A configuration the
+kernels cannot express resolves to ``"reference"`` with an info log; a kernel that fails
+to compile resolves to ``"reference"`` with a warning naming the error (logger ``"jspec"``).
+An explicit ``"pallas"`` never falls back: it raises.
+
 ``"reference"``: the jnp references (XLA), everywhere. ``"pallas"``: the Pallas kernels for
 the backend (Mosaic on TPU, Triton on GPU); on CPU there is no compiled Pallas, so asking for
 it there is an error, not a silent fallback. ``"pallas_interpret"`` / ``"pallas_interpret_gpu"``:
@@ -19,22 +29,29 @@ those run the XLA attention, by design.
 
 from __future__ import annotations
 
+import logging
+import threading
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jspec.attention import causal_block_mask, paged_attention_ref
 from jspec.spec_config import MAX_TREE_NODES
 from jspec.tree.build import pack_mask
 
-MODES = ("reference", "pallas", "pallas_interpret", "pallas_interpret_gpu")
+log = logging.getLogger("jspec")
+
+MODES = ("auto", "reference", "pallas", "pallas_interpret", "pallas_interpret_gpu")
+CONCRETE = MODES[1:]   # what decoders see
 
 
 def check_mode(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"kernels={mode!r}: choose one of {MODES}")
-    if mode == "pallas" and jax.default_backend() not in ("tpu", "gpu"):
+    if mode == "pallas" and default_backend() not in ("tpu", "gpu"):
         raise ValueError(f"kernels='pallas' needs a TPU or GPU (backend is "
-                         f"{jax.default_backend()!r}); use 'pallas_interpret' or 'reference'")
+                         f"{default_backend()!r}); use 'auto', 'pallas_interpret' or 'reference'")
 
 
 def _backend(mode: str) -> str:
@@ -49,8 +66,15 @@ def _padded_head_dim(D: int, backend: str) -> int:
     return max(16, 1 << (D - 1).bit_length())
 
 
+def _concrete(mode: str) -> None:
+    if mode not in CONCRETE:
+        raise ValueError(f"kernels={mode!r} is not a concrete mode; call jspec.kernels.resolve "
+                         f"first (concrete modes: {CONCRETE})")
+
+
 def attention_fn(mode: str):
     """An ``attention_fn`` for :class:`jspec.llama.Llama` (same signature as the reference)."""
+    _concrete(mode)
     if mode == "reference":
         return paged_attention_ref
     from pallas_kernels.tree_attention import tree_attention
@@ -75,5 +99,142 @@ def attention_fn(mode: str):
 
 
 def walk_impl(mode: str) -> str:
+    _concrete(mode)
     return {"reference": "reference", "pallas": "auto", "pallas_interpret": "tpu_interpret",
             "pallas_interpret_gpu": "gpu_interpret"}[mode]
+
+
+# --------------------------------------------------------------------------- resolution
+def default_backend() -> str:
+    """``jax.default_backend()`` ("cpu", "gpu", "tpu"); a function so tests can fake it."""
+    return jax.default_backend()
+
+
+def _shape_key(config, page_size, num_nodes, max_depth, greedy, batch, max_pages, num_pages):
+    return (jnp.dtype(config.dtype).name, config.num_heads, config.num_kv_heads, config.head_dim,
+            config.vocab_size, int(page_size), int(num_nodes),
+            None if max_depth is None else int(max_depth), bool(greedy), int(batch),
+            int(max_pages), int(num_pages))
+
+
+def _abstract_args(key):
+    """ShapeDtypeStructs of one attention call (q, one-layer cache, block mask) and of one
+    verify walk for the shape key."""
+    from jspec import kv_cache as kvc
+
+    dtype, H, KVH, D, V, ps, N, S, greedy, B, max_pages, num_pages = key
+    sds = jax.ShapeDtypeStruct
+    table = np.full((B, max_pages), num_pages, np.int32)
+    cache = jax.eval_shape(lambda: kvc.init_cache(1, KVH, D, table, num_pages, ps, dtype))
+    q = sds((B, N, H, D), dtype)
+    mask = sds((B, N, N), jnp.bool_)
+    ints = sds((B, N), jnp.int32)
+    walk = None
+    if S is not None:
+        walk = ((ints,) * 4 if greedy else
+                (ints, ints, ints, sds((B, N, V), jnp.float32), sds((B, N), jnp.float32),
+                 sds((B,), jnp.float32)))
+    return q, cache, mask, walk
+
+
+def static_problem(backend: str, key, pad_head_dim: bool) -> str | None:
+    """Why the ``backend`` kernels cannot run this shape key (None when they can): the kernels'
+    own static validation, on the head dim as given (``pad_head_dim=False``: what ``"auto"``
+    accepts; padding copies the page pool every call) or as :func:`attention_fn` pads it."""
+    from pallas_kernels.tree_attention.validate import validate as validate_attention
+    from pallas_kernels.verify_walk import dispatch as walk
+
+    dtype, H, KVH, D, V, ps, N, S, greedy, B, max_pages, num_pages = key
+    if N > MAX_TREE_NODES:
+        return f"{N} tree nodes > {MAX_TREE_NODES}"
+    q, cache, mask, wargs = _abstract_args(key)
+    if pad_head_dim:
+        Dp = _padded_head_dim(D, backend)
+        q = jax.ShapeDtypeStruct(q.shape[:-1] + (Dp,), q.dtype)
+    kp = jax.ShapeDtypeStruct(cache.k_pages.shape[1:-1] + q.shape[-1:], cache.k_pages.dtype)
+    bits = jax.eval_shape(pack_mask, mask)
+    try:
+        validate_attention(q, kp, kp, cache.page_table, cache.lengths, bits, backend=backend)
+        if wargs is not None:
+            if greedy:
+                walk.validate_greedy(*wargs, S)
+            else:
+                walk.validate_sample(*wargs, S, impl=backend)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def probe(mode: str, key) -> None:
+    """Compile (without running) the attention kernel and the verify walk of ``mode`` for the
+    shape key; raises whatever the compiler raises."""
+    q, cache, mask, wargs = _abstract_args(key)
+    attend = attention_fn(mode)
+    jax.jit(lambda q, c, m: attend(q, c, 0, m)).lower(q, cache, mask).compile()
+    if wargs is not None:
+        from pallas_kernels.verify_walk import verify_walk_greedy, verify_walk_sample
+        S, greedy = key[7], key[8]
+        fn = verify_walk_greedy if greedy else verify_walk_sample
+        jax.jit(lambda *a: fn(*a, max_depth=S, impl=walk_impl(mode))).lower(*wargs).compile()
+
+
+_PROBED: dict = {}          # (backend, shape key) -> None (compiled) or the error text
+_PROBE_LOCK = threading.Lock()
+
+
+def resolve(mode: str, config, *, page_size: int = 16, num_nodes: int = 1,
+            max_depth: int | None = None, greedy: bool = True, batch: int = 1,
+            max_pages: int | None = None, num_pages: int | None = None, mesh=None) -> str:
+    """The concrete mode (one of :data:`CONCRETE`) for ``mode`` on this host's backend.
+
+    ``config``: the target's :class:`~jspec.config.LlamaConfig`; ``num_nodes``: the query
+    block the kernel serves (1 for plain decoding, N for tree verification); ``max_depth``:
+    the walk's S (None: no verify walk, plain decoding); ``greedy``: greedy or sampling walk;
+    ``batch``, ``max_pages`` (page-table width), ``num_pages`` (pool size): the cache shape.
+
+    ``"auto"`` -> ``"reference"`` on CPU, under a multi-device mesh, or when the kernels
+    cannot express the shapes (info log); otherwise the kernels are compiled once per
+    shape key, and a compile error resolves to ``"reference"`` with a warning. ``"pallas"``
+    is checked the same way statically but raises ``ValueError`` instead of falling back.
+    Other modes are returned as they are (after :func:`check_mode`).
+    """
+    check_mode(mode)
+    if mode not in ("auto", "pallas"):
+        return mode
+    backend = default_backend()
+    if max_pages is None:
+        max_pages = -(-(num_nodes + page_size) // page_size)
+    if num_pages is None:
+        num_pages = batch * max_pages
+    key = _shape_key(config, page_size, num_nodes, max_depth, greedy, batch, max_pages, num_pages)
+    if mode == "pallas":
+        problem = static_problem(backend, key, pad_head_dim=True)
+        if problem:
+            raise ValueError(f"kernels='pallas' cannot run this configuration on {backend}: "
+                             f"{problem}")
+        return mode
+    if backend not in ("tpu", "gpu"):
+        log.debug("kernels='auto' on %s: reference (no compiled Pallas kernels)", backend)
+        return "reference"
+    if mesh is not None and mesh.size > 1:
+        log.info("kernels='auto': reference (the Pallas kernels do not run under a %d-device "
+                 "mesh yet)", mesh.size)
+        return "reference"
+    problem = static_problem(backend, key, pad_head_dim=False)
+    if problem:
+        log.info("kernels='auto' on %s: reference, the Pallas kernels cannot express this "
+                 "configuration: %s", backend, problem)
+        return "reference"
+    with _PROBE_LOCK:
+        if (backend, key) not in _PROBED:
+            try:
+                probe("pallas", key)
+                _PROBED[backend, key] = None
+            except Exception as e:     # any compiler failure: fall back, loudly
+                _PROBED[backend, key] = f"{type(e).__name__}: {e}".strip()
+                log.warning("kernels='auto' on %s: the Pallas kernels failed to compile for "
+                            "%s head_dim %d, page_size %d, N %d, vocab %d; falling back to "
+                            "the reference. Error: %s", backend, key[0], key[3], key[5], key[6],
+                            key[4], _PROBED[backend, key][:2000])
+        err = _PROBED[backend, key]
+    return "reference" if err is not None else "pallas"
