@@ -12,9 +12,14 @@ weights and no memory) and reads the compiled executable:
 - ``temp_MB`` / ``arg_MB`` / ``out_MB`` / ``alias_MB``: ``compiled.memory_analysis()``
   (peak temporaries, arguments, outputs, outputs aliased to donated arguments);
 - ``compile_s``: seconds of ``jit(...).lower(...).compile()`` (lowering included);
-- ``pool_copies``: ``copy`` instructions, at top level or inside fusions, whose result has
-  exactly the shape and element type of the target's or the drafter's KV pool
-  (``k_pages``/``v_pages``). Zero means no program copies a whole pool.
+- ``pool_copies``: ``copy`` instructions, at top level or inside fusions, whose result is the
+  target's or the drafter's whole KV pool (``k_pages`` / ``v_pages``), also seen through the
+  reshapes XLA uses (``[L, KVH, P*page_size, D]`` etc., see :func:`pool_key`).
+  Zero means no program copies a whole pool.
+- ``pool_kernels``: kernels (rule below) with a pool-shaped result (or tuple element): the
+  per-layer KV writes (in place when the pool is donated or loop-carried) and any copies.
+  XLA's cost model charges such a scatter / dynamic-update-slice its whole operand, so
+  ``bytes_MB`` is dominated by them at long contexts even when the write is in place.
 
 **Counting rule (kernels).** The module is walked from ``ENTRY`` through the control-flow
 computations only: while bodies and conditions, conditional branches and ``call`` targets.
@@ -73,7 +78,7 @@ from jspec.spec_config import SpecConfig
 from jspec.spec_decode import SpecDecoder, tree_shape
 
 COLUMNS = ["program", "kernels", "per_layer", "bytes_MB", "bytes_x", "GFLOP", "flops_x",
-           "temp_MB", "arg_MB", "out_MB", "alias_MB", "compile_s", "pool_copies"]
+           "temp_MB", "arg_MB", "out_MB", "alias_MB", "compile_s", "pool_copies", "pool_kernels"]
 
 
 # ------------------------------------------------------------------ abstract params
@@ -172,25 +177,30 @@ def _called(attrs: str, keys) -> list[str]:
 
 
 def _shape_key(shape: str) -> tuple[str, tuple[int, ...]] | None:
+    """``(element type, dims)`` of an array shape's text (layout dropped)."""
     m = re.match(r"^([a-z]+\d*)\[([\d,]*)\]", shape)
     if not m:
         return None
-    dims = tuple(int(d) for d in m.group(2).split(",") if d)
-    return m.group(1), dims
+    return m.group(1), tuple(int(d) for d in m.group(2).split(",") if d)
 
 
-def pool_key(x) -> tuple[str, tuple[int, ...]]:
-    return _HLO_TYPES[np.dtype(x.dtype).name], tuple(x.shape)
-
-
+def pool_key(x) -> list[tuple[str, tuple[int, ...]]]:
+    """The views of a KV pool ``[L, KVH, P, page_size, D]`` that XLA works on: the pool
+    itself, ``[L, KVH, P*page_size, D]`` (slots flattened), ``[L*KVH, P, page_size, D]`` and
+    fully flat. Only whole pools match: a one-layer slice of a deeper pool, or a gather of
+    some rows' pages, has other dims even when its element count equals a 1-layer pool's."""
+    t = _HLO_TYPES[np.dtype(x.dtype).name]
+    L, H, P, ps, D = x.shape
+    views = {(L, H, P, ps, D), (L, H, P * ps, D), (L * H, P, ps, D), (L * H * P * ps * D,)}
+    return [(t, v) for v in views]
 def count_kernels(text: str, pool_shapes=()) -> dict:
     """Kernel counts of an optimized HLO module by the rule in the module docstring, and
     ``pool_copies``: copies (anywhere, fusions included) with a result in ``pool_shapes``
-    (``(hlo element type, dims)`` pairs)."""
+    (``(hlo element type, dims)`` pairs, see :func:`pool_key`)."""
     comps, entry = parse_hlo(text)
     pools = set(pool_shapes)
     counts = {"kernels": 0, "fusions": 0, "custom_calls": 0, "unfused_dots": 0, "unfused_copies": 0,
-              "other_unfused": 0, "while_loops": 0, "pool_copies": 0}
+              "other_unfused": 0, "while_loops": 0, "pool_copies": 0, "pool_kernels": 0}
     seen_control, seen_fused = set(), set()
 
     def fused(name):                      # read a fusion's computations for pool copies only
@@ -230,6 +240,8 @@ def count_kernels(text: str, pool_shapes=()) -> dict:
                 counts["other_unfused"] += 1
             if op in ("copy", "copy-start") and _shape_key(ins.shape) in pools:
                 counts["pool_copies"] += 1
+            if any(_shape_key(x) in pools for x in re.findall(r"[a-z]+\d*\[[\d,]*\]", ins.shape)):
+                counts["pool_kernels"] += 1
             for c in _called(ins.attrs, ("calls",)):
                 fused(c)
 
@@ -351,11 +363,13 @@ def spec_programs(setup: Setup, params, drafter: Drafter, spec: SpecConfig | Non
     return progs, s, spec
 
 
-def pool_shapes_of(state) -> dict[str, tuple]:
-    out = {"target": pool_key(state.cache.k_pages)}
+def pool_shapes_of(state) -> dict[str, Any]:
+    """The KV pools of a speculative state: ``{"target": k_pages, "draft": k_pages}``
+    (abstract; the plain step's pool has no speculative overshoot, so it is smaller)."""
+    out = {"target": state.cache.k_pages}
     dcache = getattr(getattr(state, "draft", None), "cache", None)
     if dcache is not None:
-        out["draft"] = pool_key(dcache.k_pages)
+        out["draft"] = dcache.k_pages
     return out
 
 
@@ -369,31 +383,32 @@ def anatomy(cfg: LlamaConfig, kind: str | None = "eagle3", spec: SpecConfig | No
     params = abstract_target_params(cfg)
     want = lambda n: programs is None or n in programs
     rows, info = [], {}
-    pools = {}
     fn, args, donate, pstate = plain_program(setup, params)
-    pools.update(pool_shapes_of(pstate))
-    progs = {}
+    pools = {"plain target": pstate.cache.k_pages}
+    all_progs = {"plain_step": (fn, args, donate, pool_key(pstate.cache.k_pages))}
     if kind is not None:
         kw = {"vocab_size": draft_vocab} if draft_vocab else {}
         drafter = abstract_drafter(kind, cfg, **kw)
         progs, sstate, spec = spec_programs(setup, params, drafter, spec)
-        pools.update(pool_shapes_of(sstate))
+        spools = pool_shapes_of(sstate)
+        pools.update(spools)
+        keys = [k for x in spools.values() for k in pool_key(x)]
+        all_progs.update({k: (*v, keys) for k, v in progs.items()})
         S, N = tree_shape(drafter.module, spec)
         info.update(drafter=kind, spec=None if spec is None else
                     [spec.num_steps, spec.topk, spec.num_draft_tokens], tree_depth=S, tree_nodes=N,
                     draft_vocab=getattr(drafter.module, "draft_vocab", None))
-    all_progs = {"plain_step": (fn, args, donate), **progs}
-    for name, (f, a, d) in all_progs.items():
+    for name, (f, a, d, keys) in all_progs.items():
         if not want(name):
             continue
         if log:
             log(f"compiling {name} ...")
-        rows.append(analyse(name, f, a, d, pools.values(), cfg.num_layers))
+        rows.append(analyse(name, f, a, d, keys, cfg.num_layers))
     base = next((r for r in rows if r["program"] == "plain_step"), None)
     for r in rows:
         r["bytes_x"] = r["bytes"] / base["bytes"] if base and base["bytes"] else float("nan")
         r["flops_x"] = r["flops"] / base["flops"] if base and base["flops"] else float("nan")
-    info.update(pool_shapes={k: [v[0], list(v[1])] for k, v in pools.items()},
+    info.update(pool_shapes={k: [np.dtype(v.dtype).name, list(v.shape)] for k, v in pools.items()},
                 batch=batch, context=context, max_new=max_new, page_size=page_size,
                 dtype=cfg.dtype, num_layers=cfg.num_layers, temperature=temperature)
     return {"info": info, "rows": rows}

@@ -1,0 +1,125 @@
+"""Budgets on the compiled decode programs (``python -m jspec.bench anatomy``), and a CLI smoke test.
+
+Nothing is timed: the programs are compiled from abstract inputs and their optimized HLO,
+cost analysis and memory analysis are read (see :mod:`jspec.bench.anatomy` for the
+counting rule). A budget fails when a change makes a program bigger than it is allowed to be.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jspec.bench import anatomy, configs
+from jspec.bench.__main__ import main as bench_main
+from jspec.spec_config import SpecConfig
+
+# ---------------------------------------------------------------------------------------------
+# BUDGETS: upper bounds, set a little above what the code measured when this test was written
+# (base 8da0781, tiny config, batch 2, context 64, CPU; measured values in the comments).
+# Tighten them as optimisations land; never loosen one without saying why in the commit.
+#   *_per_layer: kernels in the compiled program / target layers (kernel rule: anatomy.py)
+#   *_bytes_x:   XLA "bytes accessed" of one speculative iteration / that of one plain step
+# ---------------------------------------------------------------------------------------------
+BUDGETS = {
+    "plain_step_kernels_per_layer": 50,           # measured 47.0
+    "tree_iteration_kernels_per_layer": 160,      # eagle3 (5, 4, 8); measured 151.0
+    "chain_iteration_kernels_per_layer": 156,     # eagle3 (4, 1, 5); measured 148.0
+    "tree_iteration_bytes_x": 4.0,                # measured 3.67
+    "chain_iteration_bytes_x": 3.3,               # measured 2.98
+}
+
+CFG = configs.random_config("tiny")
+BATCH, CONTEXT = 2, 64
+TREE, CHAIN = SpecConfig(5, 4, 8), SpecConfig(4, 1, 5)
+
+
+def _rows(result):
+    return {r["program"]: r for r in result["rows"]}
+
+
+@pytest.fixture(scope="module")
+def tree():
+    return _rows(anatomy.anatomy(CFG, "eagle3", TREE, BATCH, CONTEXT,
+                                 programs=("plain_step", "iteration")))
+
+
+@pytest.fixture(scope="module")
+def chain(tree):
+    rows = _rows(anatomy.anatomy(CFG, "eagle3", CHAIN, BATCH, CONTEXT, programs=("iteration",)))
+    base = tree["plain_step"]           # the plain step does not depend on the spec knobs
+    rows["iteration"]["bytes_x"] = rows["iteration"]["bytes"] / base["bytes"]
+    return {"plain_step": base, **rows}
+
+
+def test_plain_step_kernels(tree):
+    r = tree["plain_step"]
+    assert r["kernels"] / CFG.num_layers == r["per_layer"]
+    assert r["per_layer"] <= BUDGETS["plain_step_kernels_per_layer"], r
+
+
+@pytest.mark.parametrize("name", ["tree", "chain"])
+def test_iteration_kernels_and_bytes(name, request):
+    rows = request.getfixturevalue(name)
+    it = rows["iteration"]
+    assert it["per_layer"] <= BUDGETS[f"{name}_iteration_kernels_per_layer"], it
+    assert it["bytes_x"] <= BUDGETS[f"{name}_iteration_bytes_x"], it
+    assert it["bytes_x"] > 1.0          # an iteration does at least one target forward
+
+
+POOL_COPY_XFAIL = pytest.mark.xfail(
+    strict=True, reason="the drafter's tree loop (a lax.scan carrying the draft KV pool, which "
+                        "extend still needs afterwards) makes XLA copy the whole draft pool, k "
+                        "and v, every iteration; flips when fixed")
+
+
+@pytest.mark.parametrize("name, program", [
+    ("tree", "plain_step"),
+    pytest.param("tree", "iteration", marks=POOL_COPY_XFAIL),
+    pytest.param("chain", "iteration", marks=POOL_COPY_XFAIL),
+])
+def test_no_full_pool_copy(name, program, request):
+    r = request.getfixturevalue(name)[program]
+    assert r["pool_copies"] == 0, r
+
+
+def test_count_kernels_rule():
+    """While bodies count once; copies of the given shape count as pool copies."""
+    def f(n):
+        return lambda x, y: jax.lax.fori_loop(0, n, lambda i, c: c @ y + 1, x).sum()
+
+    sds = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    text = jax.jit(f(3)).lower(sds, sds).compile().as_text()
+    one = anatomy.count_kernels(text)
+    assert one["while_loops"] == 1 and one["kernels"] >= 3
+    assert anatomy.count_kernels(jax.jit(f(30)).lower(sds, sds).compile().as_text()) == one
+    # x is not donated, so the loop's carry starts from a copy of it: an [8, 8] f32 "pool".
+    assert anatomy.count_kernels(text, [("f32", (8, 8))])["pool_copies"] >= 1
+    assert anatomy.count_kernels(text, [("f32", (9, 8))])["pool_copies"] == 0
+
+
+def test_cli_smoke(tmp_path, capsys):
+    out = tmp_path / "anatomy.json"
+    bench_main(["anatomy", "--random-config", "tiny", "--drafter", "eagle3", "--spec", "2,1,3",
+                "--batch", "1", "--context", "16", "--programs", "plain_step", "verify",
+                "--json", str(out)])
+    text = capsys.readouterr().out
+    header = next(line for line in text.splitlines() if line.lstrip().startswith("program"))
+    for c in anatomy.COLUMNS:
+        assert c in header
+    data = json.loads(out.read_text())
+    assert [r["program"] for r in data["rows"]] == ["plain_step", "verify"]
+    assert data["info"]["spec"] == [2, 1, 3] and data["info"]["config"] == "tiny"
+    assert data["rows"][0]["bytes_x"] == 1.0 and data["rows"][1]["bytes"] > 0
+
+
+def test_llama3_8b_config():
+    cfg = configs.random_config("llama3-8b", configs.natural_dtype("llama3-8b"))
+    assert (cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_kv_heads) == (128256, 4096, 32, 8)
+    assert cfg.dtype == "bfloat16" and configs.natural_dtype("tiny") == "float32"
+    assert configs.random_config("llama3-8b").dtype == "float32"
+    n = sum(x.size for x in jax.tree.leaves(anatomy.abstract_target_params(cfg)))
+    assert 8.0e9 < n < 8.1e9          # 8.03B parameters, none allocated
