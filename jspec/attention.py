@@ -35,21 +35,48 @@ def visibility(lengths: jax.Array, num_keys: int, block_mask: jax.Array) -> jax.
     return (rel < 0) | (in_window & blk)
 
 
+def _softmax_attend(qg, keys, values, visible, D):
+    """GQA attention of ``qg [B, T, KVH, G, D]`` over key/value segments laid side by side
+    (``keys[i], values[i]: [B, KVH, S_i, D]``, ``visible[i]`` broadcastable to
+    ``[B, 1, 1, T, S_i]``), with one softmax across all segments. Scores, softmax and
+    accumulation are fp32; the cache is read in its own dtype (bf16 stays bf16 in memory)."""
+    hi = jax.lax.Precision.HIGHEST
+    scores = [jnp.where(vis, jnp.einsum("btkgd,bksd->bkgts", qg.astype(k.dtype), k, precision=hi,
+                                        preferred_element_type=jnp.float32) * (D ** -0.5), -jnp.inf)
+              for k, vis in zip(keys, visible)]
+    p = jax.nn.softmax(jnp.concatenate(scores, -1) if len(scores) > 1 else scores[0], axis=-1)
+    out, start = 0.0, 0
+    for v, sc in zip(values, scores):
+        n = sc.shape[-1]
+        out = out + jnp.einsum("bkgts,bksd->btkgd", p[..., start:start + n].astype(v.dtype), v,
+                               precision=hi, preferred_element_type=jnp.float32)
+        start += n
+    return out
+
+
 def paged_attention_ref(q: jax.Array, cache: kvc.PagedKVCache, layer: int,
                         block_mask: jax.Array | None = None) -> jax.Array:
     """``q: [B, T, H, D]`` -> ``[B, T, H, D]``. Scores, softmax and accumulation in fp32."""
     B, T, H, D = q.shape
     k, v = kvc.read_layer(cache, layer)                   # [B, KVH, S, D]
     KVH, S = k.shape[1], k.shape[2]
-    G = H // KVH
     if block_mask is None:
         block_mask = jnp.broadcast_to(causal_block_mask(T), (B, T, T))
     vis = visibility(cache.lengths, S, block_mask)        # [B, T, S]
-    qg = q.reshape(B, T, KVH, G, D).astype(jnp.float32)
-    s = jnp.einsum("btkgd,bksd->bkgts", qg, k.astype(jnp.float32),
-                   precision=jax.lax.Precision.HIGHEST) * (D ** -0.5)
-    s = jnp.where(vis[:, None, None], s, -jnp.inf)
-    p = jax.nn.softmax(s, axis=-1)
-    o = jnp.einsum("bkgts,bksd->btkgd", p, v.astype(jnp.float32),
-                   precision=jax.lax.Precision.HIGHEST)
+    o = _softmax_attend(q.reshape(B, T, KVH, H // KVH, D), [k], [v], [vis[:, None, None]], D)
+    return o.reshape(B, T, H, D).astype(q.dtype)
+
+
+def windowed_attention_ref(q: jax.Array, cache: kvc.WindowedCache, layer: int,
+                           block_mask: jax.Array) -> jax.Array:
+    """Attention over a paged prefix (every committed position) and a dense window of
+    transient slots (``block_mask [B, T, W]``), as a drafter's tree loop needs."""
+    B, T, H, D = q.shape
+    k, v = kvc.read_layer(cache.prefix, layer)            # [B, KVH, S, D]
+    KVH, S = k.shape[1], k.shape[2]
+    prefix_vis = jnp.arange(S)[None, :] < cache.prefix.lengths[:, None]           # [B, S]
+    kw = jnp.swapaxes(cache.k[layer], 1, 2)               # [B, KVH, W, D]
+    vw = jnp.swapaxes(cache.v[layer], 1, 2)
+    o = _softmax_attend(q.reshape(B, T, KVH, H // KVH, D), [k, kw], [v, vw],
+                        [prefix_vis[:, None, None, None], block_mask[:, None, None]], D)
     return o.reshape(B, T, H, D).astype(q.dtype)

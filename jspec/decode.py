@@ -23,7 +23,7 @@ from jax.sharding import Mesh
 
 from jspec import kernels, kv_cache as kvc
 from jspec.config import LlamaConfig
-from jspec.llama import Llama
+from jspec.llama import forward, logits as lm_logits, pack_params
 from jspec.sampling import SamplingConfig, sample
 from jspec.shapes import Bool, Int, Key
 from jspec.sharding import constrain_kv
@@ -95,26 +95,24 @@ class PlainDecoder:
     mesh: Mesh | None = None  # shard the KV pool over KV heads on this mesh
     kernels: str = "reference"  # see jspec.kernels
 
-    @property
-    def model(self) -> Llama:
-        return Llama(self.config)
-
     def prefill(self, params, prompt, prompt_lens, cache):
         """Run the padded prompt block; returns last-position logits and the cache."""
         B, T = prompt.shape
         pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         valid = pos < prompt_lens[:, None]
-        hidden, _, cache = self.model.apply({"params": params}, prompt, pos, cache, valid=valid)
+        hidden, _, cache = forward(self.config, params, prompt, pos, cache, valid=valid)
         last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
-        logits = self.model.apply({"params": params}, last, method=Llama.logits)
+        logits = lm_logits(self.config, params, last)
         return logits, cache.replace(lengths=prompt_lens.astype(jnp.int32))
 
     @functools.partial(jax.jit, static_argnames=("self",))
     def run(self, params, prompt, prompt_lens, page_table, stop_ids, max_new, key) -> DecodeState:
-        """``prompt [B, T]`` right-padded; ``page_table [B, max_pages]``; ``stop_ids [B, S]``
+        """``params``: packed (:attr:`jspec.target.Target.serving_params`) or checkpoint
+        layout (then packed inside, once per call). ``prompt [B, T]`` right-padded; ``page_table [B, max_pages]``; ``stop_ids [B, S]``
         padded with -1; ``max_new [B]``; ``key`` one PRNG key."""
         TRACE_COUNTS["plain"] += 1
         c = self.config
+        params = pack_params(c, params)      # a no-op for packed (serving) params
         B = prompt.shape[0]
         cache = kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, page_table,
                                self.num_pages, self.page_size, c.dtype)
@@ -130,15 +128,17 @@ class PlainDecoder:
         def cond(s):
             return ~jnp.all(s.done)
 
-        def body(s: DecodeState) -> DecodeState:
-            live = ~s.done
-            tok = s.last_token[:, None]
-            pos = s.cache.lengths[:, None]
-            hidden, _, cache = self.model.apply({"params": params}, tok, pos, s.cache,
-                                                valid=live[:, None],
-                                                attention_fn=kernels.attention_fn(self.kernels))
-            logits = self.model.apply({"params": params}, hidden[:, 0], method=Llama.logits)
-            s = s.replace(cache=kvc.advance(cache, live.astype(jnp.int32)), step=s.step + 1)
-            return emit(s, sample(logits, row_step_keys(s), self.sampling), stop_ids, max_new)
+        return jax.lax.while_loop(cond, lambda s: self.step(params, s, stop_ids, max_new), state)
 
-        return jax.lax.while_loop(cond, body, state)
+    def step(self, params, s: DecodeState, stop_ids, max_new) -> DecodeState:
+        """One decode step for every running row (the while body; the anatomy bench
+        compiles it on its own)."""
+        live = ~s.done
+        tok = s.last_token[:, None]
+        pos = s.cache.lengths[:, None]
+        params = pack_params(self.config, params)
+        hidden, _, cache = forward(self.config, params, tok, pos, s.cache, valid=live[:, None],
+                                   attention_fn=kernels.attention_fn(self.kernels))
+        logits = lm_logits(self.config, params, hidden[:, 0])
+        s = s.replace(cache=kvc.advance(cache, live.astype(jnp.int32)), step=s.step + 1)
+        return emit(s, sample(logits, row_step_keys(s), self.sampling), stop_ids, max_new)

@@ -187,14 +187,14 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     t0 = time.perf_counter()
     if drafter is None:
         dec = PlainDecoder(target.config, sampling, cap_new, page_size, num_pages, mesh, kernels)
-        state = dec.run(target.params, prompt_d, lens_d, table_d, stop_d, limits_d, key)
+        state = dec.run(target.serving_params, prompt_d, lens_d, table_d, stop_d, limits_d, key)
         iters = state.num_generated
         hist = None
     else:
         dec = SpecDecoder(target.config, drafter.module, spec, sampling, cap_new, page_size,
                           num_pages, float(forced_accept), mesh, kernels)
-        args = (target.params, drafter.params, prompt_d, lens_d, table_d, table_d, stop_d, limits_d,
-                key)
+        args = (target.serving_params, drafter.params, prompt_d, lens_d, table_d, table_d, stop_d,
+                limits_d, key)
         if profile:
             state, prof = dec.profile(*args)
         else:

@@ -156,6 +156,34 @@ def read_layer(cache: PagedKVCache, layer: int) -> tuple[jax.Array, jax.Array]:
     return get(cache.k_pages), get(cache.v_pages)
 
 
+@struct.dataclass
+class WindowedCache:
+    """A paged cache read as a fixed prefix, plus a small dense window of transient slots.
+
+    A drafter's tree loop writes K candidates per step past the committed length and
+    throws them away afterwards. Writing them into the page pool would make the loop
+    carry (and XLA copy) the whole pool, because the pool before the loop is still
+    needed; here the pool is only read and the loop carries ``[L, B, W, KVH, D]``.
+    Window slot ``w`` stands for position ``prefix.lengths + w``.
+    """
+    prefix: PagedKVCache
+    k: Float["L B W KVH D"]
+    v: Float["L B W KVH D"]
+
+    @classmethod
+    def empty(cls, prefix: PagedKVCache, width: int) -> "WindowedCache":
+        L, KVH, _, _, D = prefix.k_pages.shape
+        shape = (L, prefix.lengths.shape[0], width, KVH, D)
+        z = jnp.zeros(shape, prefix.k_pages.dtype)
+        return cls(prefix=prefix, k=z, v=z)
+
+    def write(self, layer: int, k: jax.Array, v: jax.Array, offset) -> "WindowedCache":
+        """``k, v: [B, T, KVH, D]`` into window slots ``offset .. offset + T - 1``."""
+        at = (layer, 0, offset, 0, 0)
+        put = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[None].astype(buf.dtype), at)
+        return self.replace(k=put(self.k, k), v=put(self.v, v))
+
+
 def advance(cache: PagedKVCache, n: jax.Array) -> PagedKVCache:
     return cache.replace(lengths=cache.lengths + jnp.asarray(n, jnp.int32))
 

@@ -1,6 +1,6 @@
-"""Llama-3 target as Flax modules, used as pure functions through ``apply``.
+"""Llama-3 target: parameters in the checkpoints' layout, one forward over a packed layout.
 
-One forward handles prefill, plain decode and (later) tree verification: it takes
+One forward (:func:`forward`, a ``lax.scan`` over the stacked layers) handles prefill, plain decode and (later) tree verification: it takes
 a block of ``T`` new tokens per row with explicit RoPE positions, writes their KV
 into the paged cache after each row's committed length, attends with a block mask
 (causal by default), and returns the final post-norm hidden state plus, on request,
@@ -9,9 +9,11 @@ the residual streams *entering* chosen layers (``aux_layers``; EAGLE-3 reads
 ``output_hidden_states[i]``. Logits are a separate method so prefill can project
 only the positions it needs.
 
-Parameter names mirror Hugging Face (``layers_{i}.self_attn.q_proj`` ...); kernels are
-stored ``[in, out]``. Every parameter carries logical axis names for sharding
-(see :mod:`jspec.sharding`).
+Checkpoint-layout parameter names mirror Hugging Face (``layers_{i}.self_attn.q_proj``
+...); kernels are stored ``[in, out]``; every parameter carries logical axis names for
+sharding (see :mod:`jspec.sharding`). :func:`pack_params` turns that tree into the
+serving layout once, at load time: layers stacked, q/k/v and gate/up fused, so a
+layer is a handful of kernels and checkpoint formats stay as they are.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec import kv_cache as kvc
-from jspec.attention import paged_attention_ref
+from jspec.attention import paged_attention_ref, windowed_attention_ref
 from jspec.config import LlamaConfig, RopeConfig
 
 AttentionFn = Callable[..., jax.Array]
@@ -76,9 +78,7 @@ class RMSNorm(nn.Module):
     def __call__(self, x):
         scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
                            (self.dim,), self.dtype)
-        xf = x.astype(jnp.float32)
-        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-        return scale * xf.astype(x.dtype)
+        return rms_norm(x, scale, self.eps)
 
 
 class Attention(nn.Module):
@@ -95,8 +95,12 @@ class Attention(nn.Module):
         q = apply_rope(q.reshape(B, T, c.num_heads, c.head_dim), positions, inv)
         k = apply_rope(k.reshape(B, T, c.num_kv_heads, c.head_dim), positions, inv)
         v = v.reshape(B, T, c.num_kv_heads, c.head_dim)
-        cache = kvc.write_layer(cache, layer, k, v, valid, offset)
-        o = attention_fn(q, cache, layer, block_mask)
+        if isinstance(cache, kvc.WindowedCache):      # a drafter's tree loop
+            cache = cache.write(layer, k, v, offset)
+            o = windowed_attention_ref(q, cache, layer, block_mask)
+        else:
+            cache = kvc.write_layer(cache, layer, k, v, valid, offset)
+            o = attention_fn(q, cache, layer, block_mask)
         o = _dense(c.hidden_size, ("heads", "embed"), c, "o_proj")(o.reshape(B, T, -1))
         return o, cache
 
@@ -113,6 +117,11 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """A decoder layer as a Flax module, in the checkpoints' (HF) parameter layout.
+
+    Drafters with a decoder block (MTP) run it as is; the target only uses it to create
+    its parameters, and runs :func:`decoder_layer` over the packed layout.
+    """
     cfg: LlamaConfig
 
     @nn.compact
@@ -128,6 +137,13 @@ class DecoderLayer(nn.Module):
 
 
 class Llama(nn.Module):
+    """The target's parameters in the checkpoints' layout, and a forward over them.
+
+    ``apply`` packs the parameters (:func:`pack_params`) and runs :func:`forward`, so
+    training and tests that hold checkpoint-layout trees see the one forward the
+    decoders compile; the decoders take packed parameters directly (packed once, at
+    load time: :attr:`jspec.target.Target.serving_params`).
+    """
     cfg: LlamaConfig
 
     def setup(self):
@@ -141,36 +157,184 @@ class Llama(nn.Module):
         if not c.tie_word_embeddings:
             self.lm_head = _dense(c.vocab_size, ("embed", "vocab"), c, "lm_head")
 
+    def _create_params(self):
+        c = self.cfg
+        x = jnp.zeros((1, 1, c.hidden_size), c.dtype)
+        tok = jnp.zeros((1, 1), jnp.int32)
+        cache = kvc.init_cache(1, c.num_kv_heads, c.head_dim, tok, 1, 8, c.dtype)
+        self.embed_tokens(tok)
+        for layer in self.layers:
+            layer(x, tok, cache, 0, None, None, paged_attention_ref)
+        self.norm(x)
+        if not self.cfg.tie_word_embeddings:
+            self.lm_head(x)
+
+    def packed(self):
+        if self.is_initializing():
+            self._create_params()
+        return pack_params(self.cfg, nn.unbox(self.variables["params"]))
+
     def __call__(self, tokens, positions, cache, block_mask=None, valid=None,
                  aux_layers: Sequence[int] = (), attention_fn: AttentionFn = paged_attention_ref):
-        """Returns ``(hidden [B,T,H] post-norm, aux tuple of [B,T,H], new cache)``.
-
-        The cache's ``lengths`` are not advanced: the caller decides what to keep
-        (``kv_cache.advance`` or ``kv_cache.commit``).
-        """
-        x = self.embed_tokens(tokens)
-        aux = {}
-        for i, layer in enumerate(self.layers):
-            if i in aux_layers:
-                aux[i] = x
-            x, cache = layer(x, positions, cache, i, block_mask, valid, attention_fn)
-        return self.norm(x), tuple(aux[i] for i in aux_layers), cache
+        """Returns ``(hidden [B,T,H] post-norm, aux tuple of [B,T,H], new cache)``; see
+        :func:`forward`."""
+        return forward(self.cfg, self.packed(), tokens, positions, cache, block_mask, valid,
+                       aux_layers, attention_fn)
 
     def logits(self, hidden):
         """fp32 logits from post-norm hidden states."""
-        if self.cfg.tie_word_embeddings:
-            out = self.embed_tokens.attend(hidden)
-        else:
-            out = self.lm_head(hidden)
-        return out.astype(jnp.float32)
+        return logits(self.cfg, self.packed(), hidden)
 
     def embed(self, tokens):
         return self.embed_tokens(tokens)
 
     def forward_logits(self, tokens, positions, cache):
-        """Forward plus logits in one call; ``init`` uses it so an untied head gets created."""
+        """Forward plus logits in one call; ``init`` uses it so every parameter gets created."""
         hidden, _, cache = self(tokens, positions, cache)
         return self.logits(hidden), cache
+
+
+# ------------------------------------------------------------------ packed layout
+# The serving layout: the layer stack stacked on a leading axis (the forward scans it, so
+# the compiled graph and compile time do not grow with depth), q/k/v fused into one
+# kernel and gate/up into another (one matmul each). q/k/v are grouped by KV head,
+# ``[H, KVH, G + 2, D]`` (that KV head's G query heads, then its key, then its value), so
+# sharding the KV-head axis over a mesh keeps each head's q, k and v together.
+
+def is_packed(params) -> bool:
+    return "layers" in params and "qkv" in params["layers"]
+
+
+def pack_params(cfg: LlamaConfig, params) -> dict:
+    """Checkpoint layout (``layers_{i}.self_attn.q_proj`` ...) -> packed layout. Idempotent."""
+    if is_packed(params):
+        return params
+    c = cfg
+    H, KVH, D = c.hidden_size, c.num_kv_heads, c.head_dim
+    G = c.num_heads // KVH
+    layers = [params[f"layers_{i}"] for i in range(c.num_layers)]
+
+    def qkv(lp):
+        a = lp["self_attn"]
+        q = a["q_proj"]["kernel"].reshape(H, KVH, G, D)
+        k = a["k_proj"]["kernel"].reshape(H, KVH, 1, D)
+        v = a["v_proj"]["kernel"].reshape(H, KVH, 1, D)
+        return jnp.concatenate([q, k, v], axis=2)
+
+    stack = lambda f: jnp.stack([f(lp) for lp in layers])
+    packed = {
+        "embed": params["embed_tokens"]["embedding"],
+        "norm": params["norm"]["scale"],
+        "layers": {
+            "ln1": stack(lambda lp: lp["input_layernorm"]["scale"]),
+            "qkv": stack(qkv),
+            "o": stack(lambda lp: lp["self_attn"]["o_proj"]["kernel"]),
+            "ln2": stack(lambda lp: lp["post_attention_layernorm"]["scale"]),
+            "gate_up": stack(lambda lp: jnp.stack([lp["mlp"]["gate_proj"]["kernel"],
+                                                   lp["mlp"]["up_proj"]["kernel"]], axis=1)),
+            "down": stack(lambda lp: lp["mlp"]["down_proj"]["kernel"]),
+        },
+    }
+    if not c.tie_word_embeddings:
+        packed["lm_head"] = params["lm_head"]["kernel"]
+    return packed
+
+
+# Logical axis names of the packed leaves (see jspec.sharding.LOGICAL_RULES).
+PACKED_AXES = {
+    "embed": ("vocab", "embed"),
+    "norm": ("norm",),
+    "lm_head": ("embed", "vocab"),
+    "layers": {
+        "ln1": ("layers", "norm"),
+        "qkv": ("layers", "embed", "kv_heads", None, None),
+        "o": ("layers", "heads", "embed"),
+        "ln2": ("layers", "norm"),
+        "gate_up": ("layers", "embed", None, "mlp"),
+        "down": ("layers", "mlp", "embed"),
+    },
+}
+
+
+def _precision(cfg: LlamaConfig):
+    return jax.lax.Precision.HIGHEST if cfg.dtype == "float32" else None
+
+
+def rms_norm(x, scale, eps: float):
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return scale * xf.astype(x.dtype)
+
+
+def decoder_layer(cfg: LlamaConfig, lp, x, positions, cache, layer, block_mask, valid,
+                  attention_fn: AttentionFn):
+    """One layer over packed parameters ``lp`` (one slice of ``packed["layers"]``)."""
+    c = cfg
+    B, T, _ = x.shape
+    KVH, D = c.num_kv_heads, c.head_dim
+    G = c.num_heads // KVH
+    prec = _precision(c)
+    dt = jnp.dtype(c.dtype)
+    h = rms_norm(x, lp["ln1"], c.rms_norm_eps).astype(dt)
+    qkv = jnp.einsum("bth,hkgd->btkgd", h, lp["qkv"].astype(dt), precision=prec)
+    inv = rope_inv_freq(c.rope, D)
+    q = apply_rope(qkv[:, :, :, :G].reshape(B, T, KVH * G, D), positions, inv)
+    k = apply_rope(qkv[:, :, :, G], positions, inv)
+    cache = kvc.write_layer(cache, layer, k, qkv[:, :, :, G + 1], valid)
+    o = attention_fn(q, cache, layer, block_mask)
+    x = x + jnp.einsum("bti,ih->bth", o.reshape(B, T, -1).astype(dt), lp["o"].astype(dt),
+                       precision=prec)
+    h = rms_norm(x, lp["ln2"], c.rms_norm_eps).astype(dt)
+    gu = jnp.einsum("bth,hci->btci", h, lp["gate_up"].astype(dt), precision=prec)
+    m = (jax.nn.silu(gu[:, :, 0]) * gu[:, :, 1]).astype(dt)
+    return x + jnp.einsum("bti,ih->bth", m, lp["down"].astype(dt), precision=prec), cache
+
+
+def forward(cfg: LlamaConfig, packed, tokens, positions, cache, block_mask=None, valid=None,
+            aux_layers: Sequence[int] = (), attention_fn: AttentionFn = paged_attention_ref):
+    """The target forward over packed parameters: one ``lax.scan`` over the layer stack.
+
+    ``tokens, positions: [B, T]``. Writes the block's KV after each row's committed length
+    (masked by ``valid [B, T]``), attends with ``block_mask`` (causal when None).
+    Returns ``(hidden [B,T,H] post-norm, aux tuple of [B,T,H], new cache)``; the cache's
+    ``lengths`` are not advanced (the caller keeps what it accepts). ``aux_layers[j]``
+    selects the residual stream *entering* that layer (HF ``output_hidden_states[i]``).
+    """
+    c = cfg
+    L = c.num_layers
+    x = jnp.take(packed["embed"], tokens, axis=0).astype(c.dtype)
+    aux_layers = tuple(int(i) for i in aux_layers)
+    A = len(aux_layers)
+    take_aux = np.zeros((L, max(A, 1)), bool)   # take_aux[i, j]: aux slot j reads layer i's input
+    for j, i in enumerate(aux_layers):
+        take_aux[i, j] = True
+
+    def body(carry, xs):
+        x, cache, aux = carry
+        lp, i, take = xs
+        if A:   # a select into a small [A, B, T, H] buffer: no per-layer branching
+            aux = jnp.where(take[:, None, None, None], x[None], aux)
+        x, cache = decoder_layer(c, lp, x, positions, cache, i, block_mask, valid, attention_fn)
+        return (x, cache, aux), None
+
+    aux0 = jnp.zeros((A,) + x.shape, x.dtype)
+    (x, cache, aux), _ = jax.lax.scan(
+        body, (x, cache, aux0), (packed["layers"], jnp.arange(L, dtype=jnp.int32),
+                                 jnp.asarray(take_aux)))
+    hidden = rms_norm(x, packed["norm"], c.rms_norm_eps)
+    return hidden, tuple(aux[j] for j in range(A)), cache
+
+
+def logits(cfg: LlamaConfig, packed, hidden):
+    """fp32 logits from post-norm hidden states (the tied embedding or ``lm_head``)."""
+    dt = jnp.dtype(cfg.dtype)
+    if cfg.tie_word_embeddings:
+        out = jnp.einsum("...h,vh->...v", hidden.astype(dt), packed["embed"].astype(dt),
+                         precision=_precision(cfg))
+    else:
+        out = jnp.einsum("...h,hv->...v", hidden.astype(dt), packed["lm_head"].astype(dt),
+                         precision=_precision(cfg))
+    return out.astype(jnp.float32)
 
 
 def init_params(cfg: LlamaConfig, key: jax.Array, unbox: bool = True):

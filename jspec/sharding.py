@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jspec.llama import abstract_params
+from jspec.llama import PACKED_AXES, abstract_params, is_packed, pack_params
 from jspec.target import Target
 
 LOGICAL_RULES = (
@@ -31,6 +31,7 @@ LOGICAL_RULES = (
     ("mlp", "model"),
     ("embed", None),
     ("norm", None),
+    ("layers", None),
 )
 
 
@@ -61,6 +62,27 @@ def param_shardings(cfg, mesh: Mesh):
     return jax.tree_util.tree_map(
         lambda b: NamedSharding(mesh, _spec(b.names, b.value.shape, mesh)), boxed,
         is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+
+
+def packed_param_shardings(cfg, mesh: Mesh, packed_shapes):
+    """NamedShardings for the packed layout (:data:`jspec.llama.PACKED_AXES`)."""
+    axes = {k: v for k, v in PACKED_AXES.items() if k in packed_shapes}
+    return jax.tree_util.tree_map(lambda names, s: NamedSharding(mesh, _spec(names, s.shape, mesh)),
+                                  axes, packed_shapes, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def pack_for_serving(cfg, params):
+    """Pack checkpoint-layout params once (jitted); on the same mesh when they are sharded."""
+    if is_packed(params):
+        return params
+    pack = lambda p: pack_params(cfg, p)
+    leaf = jax.tree_util.tree_leaves(params)[0]
+    sharding = getattr(leaf, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        shapes = jax.eval_shape(pack, params)
+        out = packed_param_shardings(cfg, sharding.mesh, shapes)
+        return jax.jit(pack, out_shardings=out)(params)
+    return jax.jit(pack)(params)
 
 
 def shard_target(target: Target, mesh: Mesh) -> Target:

@@ -28,7 +28,7 @@ from flax import struct
 from jspec import kernels, kv_cache as kvc
 from jspec.config import LlamaConfig
 from jspec.decode import MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, emit_block
-from jspec.llama import Llama
+from jspec.llama import forward, logits as lm_logits, pack_params
 from jspec.sampling import SamplingConfig, sample, target_probs
 from jspec.sharding import constrain_kv
 from jspec.shapes import Bool, Int, Key
@@ -74,10 +74,6 @@ class SpecDecoder:
     kernels: str = "reference"       # see jspec.kernels
 
     @property
-    def model(self) -> Llama:
-        return Llama(self.config)
-
-    @property
     def shape(self) -> tuple[int, int]:
         return tree_shape(self.drafter, self.spec)
 
@@ -91,16 +87,17 @@ class SpecDecoder:
     # --------------------------------------------------------------- phases
     def prefill(self, params, dparams, prompt, prompt_lens, page_table, draft_table, key):
         c = self.config
+        params = pack_params(c, params)
         B, T = prompt.shape
         cache = kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, page_table,
                                self.num_pages, self.page_size, c.dtype)
         cache = constrain_kv(cache, c, self.mesh)
         pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         valid = pos < prompt_lens[:, None]
-        hidden, aux, cache = self.model.apply({"params": params}, prompt, pos, cache, valid=valid,
-                                              aux_layers=self.aux_layers)
+        hidden, aux, cache = forward(c, params, prompt, pos, cache, valid=valid,
+                                     aux_layers=self.aux_layers)
         last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
-        logits = self.model.apply({"params": params}, last, method=Llama.logits)
+        logits = lm_logits(c, params, last)
         row_keys = jax.random.split(key, B)
         first = sample(logits, jax.vmap(jax.random.fold_in)(row_keys, jnp.zeros(B, jnp.int32)),
                        self.sampling)
@@ -114,10 +111,11 @@ class SpecDecoder:
 
     def verify(self, params, cache, tree):
         pos = cache.lengths[:, None] + tree.depths
-        hidden, aux, cache = self.model.apply({"params": params}, tree.tokens, pos, cache,
-                                              block_mask=tree.mask(), aux_layers=self.aux_layers,
-                                              attention_fn=kernels.attention_fn(self.kernels))
-        logits = self.model.apply({"params": params}, hidden, method=Llama.logits)
+        params = pack_params(self.config, params)
+        hidden, aux, cache = forward(self.config, params, tree.tokens, pos, cache,
+                                     block_mask=tree.mask(), aux_layers=self.aux_layers,
+                                     attention_fn=kernels.attention_fn(self.kernels))
+        logits = lm_logits(self.config, params, hidden)
         return logits, self.features(hidden, aux), cache
 
     def walk(self, tree, logits, keys):
@@ -204,6 +202,7 @@ class SpecDecoder:
     def run(self, params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids, max_new,
             key) -> SpecState:
         TRACE_COUNTS["spec"] += 1
+        params = pack_params(self.config, params)   # a no-op for packed (serving) params
         s = self.initial_state(params, dparams, prompt, prompt_lens, page_table, draft_table,
                                stop_ids, max_new, key)
         return jax.lax.while_loop(lambda s: ~jnp.all(s.done),

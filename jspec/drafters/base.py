@@ -36,10 +36,18 @@ from flax import struct
 
 from jspec import kv_cache as kvc
 from jspec.config import LlamaConfig
+from jspec.llama import is_packed
 from jspec.shapes import Float
 from jspec.spec_config import SpecConfig
 from jspec.tree.build import DraftTree
 from jspec.tree.select import expand_frontier, pool_offset, pool_parent_index, select_tree
+
+
+def top_k_logprobs(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """The k best log-probabilities and their ids: top-k of the raw logits minus one
+    logsumexp, instead of a full-vocabulary log_softmax followed by top-k."""
+    vals, ids = jax.lax.top_k(logits, k)
+    return vals - jax.nn.logsumexp(logits, -1, keepdims=True), ids
 
 
 class DrafterMismatchError(ValueError):
@@ -47,6 +55,9 @@ class DrafterMismatchError(ValueError):
 
 
 def target_embedding(target_params) -> jax.Array:
+    """``[V, H]``, from packed (serving) or checkpoint-layout target params."""
+    if is_packed(target_params):
+        return target_params["embed"]
     return target_params["embed_tokens"]["embedding"]
 
 
@@ -54,6 +65,8 @@ def target_head(target_cfg: LlamaConfig, target_params) -> jax.Array:
     """``[H, V]`` LM head of the target (the transposed embedding when tied)."""
     if target_cfg.tie_word_embeddings:
         return target_embedding(target_params).T
+    if is_packed(target_params):
+        return target_params["lm_head"]
     return target_params["lm_head"]["kernel"]
 
 
@@ -157,11 +170,13 @@ class RecurrentDrafter:
         S, K, N = spec.num_steps, spec.topk, spec.num_draft_tokens
         B = root.shape[0]
         W = max((S - 1) * K, 1)                                  # transient window
-        logp0, tok0 = jax.lax.top_k(jax.nn.log_softmax(state.logits, -1), K)
+        logp0, tok0 = top_k_logprobs(state.logits, K)
         base = state.cache.lengths - 1                           # root's draft position
 
         def step(carry, s):
-            f_scores, f_idx, f_tok, f_feat, f_anc, cache = carry
+            f_scores, f_idx, f_tok, f_feat, f_anc, (wk, wv) = carry
+            # The pool is closed over (read only), not carried: only the window is.
+            cache = kvc.WindowedCache(prefix=state.cache, k=wk, v=wv)
             slot = (s - 1) * K + jnp.arange(K)                   # this step's transient slots
             self_mask = jax.nn.one_hot(slot, W, dtype=bool)[None]
             mask = f_anc | self_mask
@@ -169,7 +184,7 @@ class RecurrentDrafter:
             out, logits, cache = self.net_apply(
                 params, cfg, tparams, self.to_target_ids(params, f_tok), f_feat, s, pos, cache,
                 mask, None, (s - 1) * K)
-            c_logp, c_tok = jax.lax.top_k(jax.nn.log_softmax(logits, -1), K)   # [B, K, K]
+            c_logp, c_tok = top_k_logprobs(logits, K)                       # [B, K, K]
             scores, keep = expand_frontier(f_scores, c_logp)
             parent_slot = keep // K
             new = (
@@ -178,12 +193,14 @@ class RecurrentDrafter:
                 jnp.take_along_axis(c_tok.reshape(B, K * K), keep, 1),
                 jnp.take_along_axis(out, parent_slot[..., None], 1),
                 jnp.take_along_axis(mask, parent_slot[..., None], 1),
-                cache)
+                (cache.k, cache.v))
             return new, (c_tok.reshape(B, K * K), scores, pool_parent_index(f_idx, K))
 
         f_feat = jnp.broadcast_to(state.feature[:, None], (B, K, state.feature.shape[-1]))
+        empty = kvc.WindowedCache.empty(state.cache, W)
+        window = (empty.k, empty.v)
         init = (logp0, jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K)), tok0, f_feat,
-                jnp.zeros((B, K, W), bool), state.cache)
+                jnp.zeros((B, K, W), bool), window)
         pool_tok, pool_sc, pool_par = [tok0], [logp0], [jnp.full((B, K), -1, jnp.int32)]
         if S > 1:
             carry, (toks, scores, parents) = jax.lax.scan(step, init, jnp.arange(1, S))
@@ -192,7 +209,7 @@ class RecurrentDrafter:
             pool_tok.append(flat(toks))
             pool_sc.append(flat(scores))
             pool_par.append(flat(parents))
-        # The transient KV writes are dropped with the loop's cache: extend rewrites them.
+        # The transient KV lived in the loop's window only; the page pool was never written.
         tree, _ = select_tree(root, self.to_target_ids(params, jnp.concatenate(pool_tok, 1)),
                               jnp.concatenate(pool_sc, 1), jnp.concatenate(pool_par, 1), N, S)
         return tree
