@@ -324,7 +324,8 @@ def plain_program(setup: Setup, params) -> tuple[Callable, tuple, tuple, Any]:
     """``(fn, abstract args, donated argnums, state)`` for one plain decode step."""
     c = setup.cfg
     a = setup.inputs(0)
-    dec = PlainDecoder(c, setup.sampling, a["cap_new"], setup.page_size, a["num_pages"])
+    dec = PlainDecoder(c, setup.sampling, a["cap_new"], setup.page_size, a["num_pages"], None,
+                       "reference")
     state = jax.eval_shape(lambda *x: dec.run(*x), params, a["prompt"], a["lens"], a["table"],
                            a["stop"], a["limits"], a["key"])
     fn = lambda p, s, stop, mx: dec.step(p, s, stop, mx)
