@@ -83,9 +83,11 @@ COLUMNS = ["program", "kernels", "per_layer", "bytes_MB", "bytes_x", "GFLOP", "f
 
 # ------------------------------------------------------------------ abstract params
 def abstract_target_params(cfg: LlamaConfig):
-    """Shape/dtype tree of the target's parameters, without allocating them. Every target
-    parameter path of this module goes through here."""
-    return jax.eval_shape(lambda k: llama.init_params(cfg, k), jax.random.key(0))
+    """Shape/dtype tree of the target's parameters in the layout the decoders run (packed
+    for serving when the model has one, as :attr:`jspec.target.Target.serving_params`), without
+    allocating them. Every target parameter path of this module goes through here."""
+    pack = getattr(llama, "pack_params", lambda cfg, p: p)
+    return jax.eval_shape(lambda k: pack(cfg, llama.init_params(cfg, k)), jax.random.key(0))
 
 
 def abstract_drafter(kind: str, cfg: LlamaConfig, **kw) -> Drafter:
