@@ -71,7 +71,7 @@ from jspec import llama
 from jspec.bench import common, configs
 from jspec.config import LlamaConfig
 from jspec.decode import PlainDecoder
-from jspec.drafters import DEFAULT_SPECS, Drafter, random_drafter
+from jspec.drafters import Drafter, random_drafter
 from jspec.generate import _admit
 from jspec.sampling import SamplingConfig
 from jspec.spec_config import SpecConfig
