@@ -71,7 +71,7 @@ def test_part_a_table(run):
 @pytest.mark.slow
 def test_part_b_forced(run):
     text, data = run
-    for name in ("t_1 =", "t_V =", "c   =", "ideal = E / (t_V/t_1 + S*c) with S = 5"):
+    for name in ("t_1 =", "t_V =", "c = ", "ideal = E / (t_V/t_1 + S*c)"):
         assert name in text
     table = _table(text, "E")
     for c in spec.SIM_COLUMNS:
@@ -79,11 +79,16 @@ def test_part_b_forced(run):
     sim = data["simulate"]
     assert sim["columns"] == spec.SIM_COLUMNS
     costs = sim["costs"]
-    assert costs["t_1 ms"] > 0 and costs["t_V ms"] > 0 and costs["c"] > 0
-    assert [r["E"] for r in sim["rows"]] == [3]
+    assert costs["t_1 ms"] > 0 and costs["drafter"] == "eagle3"
+    assert set(costs["specs"]) == {"5,4,8", "4,1,5"}
+    for c in costs["specs"].values():
+        assert c["t_V ms"] > 0 and c["c"] > 0
+    assert [(r["S,K,N"], r["E"]) for r in sim["rows"]] == [("5,4,8", 3), ("4,1,5", 3)]
     for r in sim["rows"]:
+        c = costs["specs"][r["S,K,N"]]
+        S = int(r["S,K,N"].split(",")[0])
         assert abs(r["accept len"] - r["E"]) <= 0.35, r
-        assert r["ideal"] == pytest.approx(spec.ideal_speedup(r["E"], costs["t_V/t_1"], costs["c"]))
+        assert r["ideal"] == pytest.approx(spec.ideal_speedup(r["E"], c["t_V/t_1"], c["c"], S))
         assert r["speedup"] > 0 and r["tokens/s"] > 0
         assert "same tokens" not in r                # forced output is not the target's
 

@@ -49,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="random-weight drafters to run (the oracle always runs)")
     s.add_argument("--simulate", metavar="E", type=float, nargs="+", default=None,
                    help="part B: forced mean accept lengths (e.g. 2 3 4)")
+    s.add_argument("--sim-drafter", default="eagle3", choices=["eagle1", "eagle3", "mtp"],
+                   help="part B: the random drafter whose costs are simulated")
+    s.add_argument("--sim-draft-vocab", type=int, default=8192,
+                   help="part B: its draft vocabulary (0: the target's)")
+    s.add_argument("--sim-spec", nargs="+", default=["5,4,8", "4,1,5"], metavar="S,K,N",
+                   help="part B: tree knobs to simulate")
     s = sub.add_parser("anatomy", help="compiled plain step and speculative phases: kernels, "
                                        "bytes, flops, memory, compile time (nothing timed)")
     s.add_argument("--random-config", metavar="NAME", default="tiny",
@@ -78,6 +84,9 @@ def main(argv=None):
     if argv[:1] == ["kernels"]:          # its own parser: a device script, see kernels.py
         from jspec.bench import kernels
         return kernels.main(argv[1:])
+    if argv[:1] == ["device"]:           # its own parser: the prepared H200 script, see device.py
+        from jspec.bench import device
+        return device.main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.bench == "plain":
         if args.model is None and args.random_config is None:

@@ -25,18 +25,21 @@ from jspec import kv_cache as kvc
 from jspec.bench import common
 from jspec.bench.configs import random_config
 from jspec.config import LlamaConfig
-from jspec.llama import Llama
+from jspec.llama import forward, logits as lm_logits, pack_params
+from jspec.sharding import pack_for_serving
 
 COLUMNS = ["forward", "batch", "context", "tokens", "compile s", "ms", "ms/token", "x decode"]
 
 
-def _step_fn(cfg: LlamaConfig):
-    model = Llama(cfg)
-
+def _step_fn(cfg: LlamaConfig, block_mask=None):
+    """A jitted target forward + logits over packed params (pass them packed: packing
+    inside would copy the weights on every call)."""
     def step(params, tokens, positions, cache):
-        hidden, _, cache = model.apply({"params": params}, tokens, positions, cache)
-        logits = model.apply({"params": params}, hidden, method=Llama.logits)   # [B, T, V]
-        return logits, cache
+        params = pack_params(cfg, params)
+        mask = None if block_mask is None else jnp.broadcast_to(
+            block_mask, (tokens.shape[0],) + block_mask.shape[1:])
+        hidden, _, cache = forward(cfg, params, tokens, positions, cache, block_mask=mask)
+        return lm_logits(cfg, params, hidden), cache          # [B, T, V]
     return jax.jit(step, donate_argnums=(3,))
 
 
@@ -87,6 +90,7 @@ def run_forward(cfg: LlamaConfig, params=None, context: int = 1024, block: int =
     call, so background load on the machine affects both alike."""
     if params is None:
         params = common.random_params(cfg, seed)
+    params = pack_for_serving(cfg, params)
     variants = [_prepare(cfg, params, batch, context, t, block, page_size, seed) for t in (1, block)]
     for i in range(2 + repeats):        # two warm-up rounds
         for v in variants:
