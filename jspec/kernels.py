@@ -20,6 +20,9 @@ The kernels need lane-friendly head dims (TPU: a multiple of 128; GPU: a power o
 A smaller head dim (tiny test models) is zero-padded up to that width here, with the query
 pre-scaled so the kernel's ``D_pad ** -0.5`` becomes the model's ``D ** -0.5``; that copies
 the layer's page pool each call, which is fine for tests and never happens for real models.
+Otherwise the kernels get the whole stacked pools ``[L, KVH, P, page_size, D]`` and the
+(traced, inside the layer scan) layer index, and read the layer's pages in place: no
+per-layer pool slice is materialised before the custom call.
 
 The tree-attention kernel serves every block of at most 64 queries that is a square window
 (plain decode, N = 1, and tree verification). Prefill blocks (longer prompts) and a
@@ -87,13 +90,17 @@ def attention_fn(mode: str):
             block_mask = jnp.broadcast_to(causal_block_mask(T), (B, T, T))
         if T > MAX_TREE_NODES or block_mask.shape[-1] != T:
             return paged_attention_ref(q, cache, layer, block_mask)
-        k, v = cache.k_pages[layer], cache.v_pages[layer]
+        layer = jnp.asarray(layer, jnp.int32)
+        k, v = cache.k_pages, cache.v_pages      # the stacked [L, KVH, P, ps, D] pools, no slice
         Dp = _padded_head_dim(D, backend)
         if Dp != D:
+            # Tiny test models only: a padded copy of this layer's pools (slice + pad, one
+            # fused copy of one layer; padding the whole stack would copy L layers per call).
             pad = lambda x: jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, Dp - D)])
-            q, k, v = pad(q * jnp.asarray((Dp / D) ** 0.5, q.dtype)), pad(k), pad(v)
+            q = pad(q * jnp.asarray((Dp / D) ** 0.5, q.dtype))
+            k, v, layer = pad(k[layer])[None], pad(v[layer])[None], jnp.int32(0)
         out = tree_attention(q, k, v, cache.page_table, cache.lengths, pack_mask(block_mask),
-                             backend=backend, interpret=interpret)
+                             layer, backend=backend, interpret=interpret)
         return out[..., :D]
     return attend
 
@@ -138,28 +145,28 @@ def _abstract_args(key):
 
 
 def static_problem(backend: str, key, pad_head_dim: bool) -> str | None:
-    """Why the ``backend`` kernels cannot run this shape key (None when they can): the kernels'
-    own static validation, on the head dim as given (``pad_head_dim=False``: what ``"auto"``
-    accepts; padding copies the page pool every call) or as :func:`attention_fn` pads it."""
-    from pallas_kernels.tree_attention.validate import validate as validate_attention
-    from pallas_kernels.verify_walk import dispatch as walk
+    """Why the ``backend`` ("tpu" or "gpu") kernels cannot run this shape key (None when they
+    can). The kernels' own static validation, reached by tracing (shapes only) the same calls
+    the decoders make, through the interpret-mode variant for ``backend``. With
+    ``pad_head_dim=False`` (what ``"auto"`` accepts) a head dim the kernel would pad is
+    refused too: padding copies the layer's KV pages on every call."""
+    from pallas_kernels.verify_walk import verify_walk_greedy, verify_walk_sample
 
     dtype, H, KVH, D, V, ps, N, S, greedy, B, max_pages, num_pages = key
     if N > MAX_TREE_NODES:
         return f"{N} tree nodes > {MAX_TREE_NODES}"
+    Dp = _padded_head_dim(D, backend)
+    if not pad_head_dim and Dp != D:
+        return (f"head_dim {D} is not native to the {backend} kernel (it would be padded to "
+                f"{Dp}, copying the layer's KV pages on every call)")
+    mode = "pallas_interpret" if backend == "tpu" else "pallas_interpret_gpu"
     q, cache, mask, wargs = _abstract_args(key)
-    if pad_head_dim:
-        Dp = _padded_head_dim(D, backend)
-        q = jax.ShapeDtypeStruct(q.shape[:-1] + (Dp,), q.dtype)
-    kp = jax.ShapeDtypeStruct(cache.k_pages.shape[1:-1] + q.shape[-1:], cache.k_pages.dtype)
-    bits = jax.eval_shape(pack_mask, mask)
+    attend = attention_fn(mode)
     try:
-        validate_attention(q, kp, kp, cache.page_table, cache.lengths, bits, backend=backend)
+        jax.eval_shape(lambda q, c, m: attend(q, c, 0, m), q, cache, mask)
         if wargs is not None:
-            if greedy:
-                walk.validate_greedy(*wargs, S)
-            else:
-                walk.validate_sample(*wargs, S, impl=backend)
+            fn = verify_walk_greedy if greedy else verify_walk_sample
+            jax.eval_shape(lambda *a: fn(*a, max_depth=S, impl=walk_impl(mode)), *wargs)
     except ValueError as e:
         return str(e)
     return None
@@ -220,7 +227,12 @@ def resolve(mode: str, config, *, page_size: int = 16, num_nodes: int = 1,
         log.info("kernels='auto': reference (the Pallas kernels do not run under a %d-device "
                  "mesh yet)", mesh.size)
         return "reference"
-    problem = static_problem(backend, key, pad_head_dim=False)
+    try:
+        problem = static_problem(backend, key, pad_head_dim=False)
+    except Exception as e:     # not a refusal but a failure to even trace: fall back, loudly
+        log.warning("kernels='auto' on %s: tracing the Pallas kernels failed; falling back to "
+                    "the reference. Error: %s: %s", backend, type(e).__name__, e)
+        return "reference"
     if problem:
         log.info("kernels='auto' on %s: reference, the Pallas kernels cannot express this "
                  "configuration: %s", backend, problem)

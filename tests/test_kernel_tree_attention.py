@@ -5,23 +5,31 @@ scalar-prefetch grid, the GPU (Triton) kernel with its page loop. Cases cover
 N in {1, 4, 8, 16, 64}, page sizes 8/16/32, GQA ratios 1/2/4, ragged batches
 (prefix lengths not multiples of the page size, one empty prefix, trees straddling
 page boundaries), shuffled page tables with unallocated entries, and stale garbage
-in every slot a row must not see. Tolerances: fp32 atol 1e-5; bf16 atol 2e-2
-(outputs are O(1); bf16 inputs, fp32 accumulation, probabilities cast to bf16 for
-the P @ V product). Cross-lowering tests lower both kernels for TPU and CUDA
-without hardware.
+in every slot a row must not see. The kernels read stacked pools
+``[L, KVH, P, page_size, D]`` at a (traced) layer index, the other layers holding
+different values; one layer's 4-D pools without a layer still work. Tolerances: fp32
+atol 1e-5; bf16 atol 2e-2 (outputs are O(1); bf16 inputs, fp32 accumulation,
+probabilities cast to bf16 for the P @ V product). Cross-lowering tests lower both
+kernels for TPU and CUDA without hardware, with a traced layer, and check that the
+custom call takes the whole stacked pool (no per-layer pool slice before it, also
+through the target's layer scan).
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jspec import kernels
 from jspec import kv_cache as kvc
+from jspec import llama
 from jspec.attention import paged_attention_ref
+from jspec.config import LlamaConfig
 from jspec.tree.build import pack_mask
 from pallas_kernels.tree_attention import check_dynamic, tree_attention, tree_attention_ref, validate
 from pallas_kernels.tree_attention.reference import tree_attention_via_cache
@@ -85,14 +93,30 @@ def make_case(*, B=3, N=4, KVH=2, G=2, D=128, ps=16, max_pages=5, dtype=jnp.floa
     return (cast(q), cast(k), cast(v), jnp.asarray(pt), jnp.asarray(lengths), mask_bits)
 
 
-def check(backend, dtype=jnp.float32, **kw):
+def stack_layers(args, num_layers, layer, seed=0):
+    """Stacked pools ``[L, KVH, P, ps, D]`` holding the case's pools at ``layer`` and other
+    values (a different random pool per layer) everywhere else."""
+    q, k, v = args[:3]
+    rng = np.random.default_rng(seed + 1000)
+    other = lambda: jnp.asarray(3.0 * rng.standard_normal((num_layers,) + k.shape), k.dtype)
+    ks, vs = other().at[layer].set(k), other().at[layer].set(v)
+    return (q, ks, vs) + tuple(args[3:])
+
+
+def check(backend, dtype=jnp.float32, num_layers=3, layer=None, **kw):
+    """The kernel on stacked pools at a traced ``layer`` (default: not 0) against the
+    reference on that layer's own pools and on the stacked pools."""
     args = make_case(dtype=dtype, **kw)
     check_dynamic(args[3], args[4], args[5], num_pages=args[1].shape[1], page_size=args[1].shape[2])
-    out = run(*args, backend=backend, interpret=True)
+    if layer is None:
+        layer = 1 + kw.get("seed", 0) % (num_layers - 1)
+    stacked = stack_layers(args, num_layers, layer, kw.get("seed", 0))
+    out = run(*stacked, jnp.int32(layer), backend=backend, interpret=True)
     ref = ref_fn(*args)
+    np.testing.assert_array_equal(np.asarray(ref_fn(*stacked, jnp.int32(layer))), np.asarray(ref))
     assert out.shape == ref.shape and out.dtype == args[0].dtype
     err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32))))
-    assert err <= ATOL[dtype], f"{backend} {jnp.dtype(dtype).name} {kw}: max abs err {err}"
+    assert err <= ATOL[dtype], f"{backend} {jnp.dtype(dtype).name} layer {layer} {kw}: max abs err {err}"
 
 
 # (N, page_size, G, dtype): every N, page size and GQA ratio appears; bf16 page sizes
@@ -158,6 +182,33 @@ def test_reference_matches_jspec_reference(N, G):
     args = make_case(N=N, G=G, D=16, ps=8, max_pages=12, B=4, seed=N)
     np.testing.assert_allclose(np.asarray(ref_fn(*args)),
                                np.asarray(jax.jit(tree_attention_via_cache)(*args)), atol=1e-6)
+    stacked = stack_layers(args, 3, 2, seed=N)
+    np.testing.assert_allclose(np.asarray(ref_fn(*stacked, jnp.int32(2))),
+                               np.asarray(jax.jit(tree_attention_via_cache)(*stacked, jnp.int32(2))),
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["tpu", "gpu"])
+def test_layer_scan_traced_layer(backend):
+    """Inside a jitted ``lax.scan`` over the layers (the layer a traced scalar, the pools
+    carried), every layer's output equals the reference on that layer's pools."""
+    L = 3
+    args = make_case(N=4, G=2, D=128 if backend == "tpu" else 32, ps=16, seed=11)
+    stacked = stack_layers(args, L, 0, seed=11)
+    q, ks, vs, pt, lengths, mb = stacked
+
+    @jax.jit
+    def scan(q, ks, vs):
+        def body(carry, layer):
+            ks, vs = carry
+            o = tree_attention(q, ks, vs, pt, lengths, mb, layer, backend=backend, interpret=True)
+            return (ks, vs), o
+        return jax.lax.scan(body, (ks, vs), jnp.arange(L, dtype=jnp.int32))[1]
+
+    out = scan(q, ks, vs)
+    for layer in range(L):
+        want = ref_fn(q, ks[layer], vs[layer], pt, lengths, mb)
+        np.testing.assert_allclose(np.asarray(out[layer]), np.asarray(want), atol=1e-5)
 
 
 def test_dispatch_backends():
@@ -177,9 +228,10 @@ def _spec(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _shapes(B=2, N=4, H=4, KVH=2, D=128, P=10, ps=16, M=4, dtype=jnp.float32, mask=None):
+def _shapes(B=2, N=4, H=4, KVH=2, D=128, P=10, ps=16, M=4, dtype=jnp.float32, mask=None, L=None):
     mask = mask or (jnp.uint8, 1)
-    return (_spec((B, N, H, D), dtype), _spec((KVH, P, ps, D), dtype), _spec((KVH, P, ps, D), dtype),
+    pool = (KVH, P, ps, D) if L is None else (L, KVH, P, ps, D)
+    return (_spec((B, N, H, D), dtype), _spec(pool, dtype), _spec(pool, dtype),
             _spec((B, M), jnp.int32), _spec((B,), jnp.int32), _spec((B, N, mask[1]), mask[0]))
 
 
@@ -204,7 +256,21 @@ def test_validate_refuses(backend, kw, msg):
         validate(*_shapes(**kw), backend=backend)
 
 
+@pytest.mark.parametrize("kw,layer,msg", [
+    (dict(L=3), None, "need a layer index"),
+    (dict(), 0, "needs stacked pools"),
+    (dict(L=3), _spec((1,), jnp.int32), "integer scalar"),
+    (dict(L=3), _spec((), jnp.float32), "integer scalar"),
+    (dict(L=3), 3, "out of range"),
+])
+def test_validate_refuses_layer(kw, layer, msg):
+    with pytest.raises(ValueError, match=msg):
+        validate(*_shapes(**kw), layer, backend="tpu")
+
+
 def test_validate_accepts_and_reports_blocks():
+    assert validate(*_shapes(L=4), _spec((), jnp.int32), backend="tpu") is not None
+    assert validate(*_shapes(L=4, D=32), 3, backend="gpu") is not None
     assert validate(*_shapes(ps=8, M=40), backend="tpu").pages_per_block == 16
     assert validate(*_shapes(ps=16, dtype=jnp.bfloat16), backend="tpu").rows == 16
     b = validate(*_shapes(ps=8, D=32, M=40), backend="gpu")
@@ -232,11 +298,68 @@ def test_check_dynamic():
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_cross_lowering(backend, platform, target, dtype):
     """Lowers for the accelerator without one (Pallas -> Mosaic / Triton IR; the backend
-    compilers, libtpu's Mosaic and the CUDA plugin's Triton, only run on hardware)."""
-    args = make_case(N=8, G=2, D=128, ps=16, dtype=dtype, seed=4)
+    compilers, libtpu's Mosaic and the CUDA plugin's Triton, only run on hardware), with
+    stacked pools and the layer a jit argument (traced)."""
+    args = stack_layers(make_case(N=8, G=2, D=128, ps=16, dtype=dtype, seed=4), 3, 1)
     f = jax.jit(lambda *a: tree_attention(*a, backend=backend))
-    text = f.trace(*args).lower(lowering_platforms=(platform,)).as_text()
+    text = f.trace(*args, jnp.int32(1)).lower(lowering_platforms=(platform,)).as_text()
     assert target in text
+    assert_no_pool_slice(text, target, args[1].shape)
+    # One layer's pools without a layer index (the 4-D form) still lower.
+    args4 = make_case(N=8, G=2, D=128, ps=16, dtype=dtype, seed=4)
+    assert target in f.trace(*args4).lower(lowering_platforms=(platform,)).as_text()
+
+
+def _tensor(shape):
+    return "tensor<" + "x".join(map(str, shape)) + "x"
+
+
+def assert_no_pool_slice(text, target, pool_shape):
+    """The custom call ``target`` takes the whole stacked pool ``[L, KVH, P, ps, D]`` (K and
+    V), and no ``dynamic_slice`` anywhere produces a one-layer pool ``[(1,) KVH, P, ps, D]``."""
+    calls = [ln for ln in text.splitlines() if "custom_call" in ln and target in ln]
+    assert calls, f"no {target} custom call"
+    for ln in calls:
+        operand_types = ln[ln.rindex(": ("):]
+        assert operand_types.count(_tensor(pool_shape)) >= 2, ln[-400:]
+    layer_pool = "x".join(map(str, pool_shape[1:])) + "x"
+    slices = [ln for ln in text.splitlines() if "dynamic_slice" in ln and layer_pool in ln]
+    assert not slices, f"per-layer pool slice before the kernel: {slices[0][-300:]}"
+
+
+@pytest.mark.parametrize("backend,platform,target", [
+    ("tpu", "tpu", "tpu_custom_call"),
+    ("gpu", "cuda", "__gpu$xla.gpu.triton"),
+])
+def test_target_layer_scan_passes_whole_pools(monkeypatch, backend, platform, target):
+    """``attention_fn("pallas")`` inside the target's ``lax.scan`` over layers (the real
+    ``llama.forward``, layer traced, pools carried) lowers to a kernel call on the whole
+    ``[L, KVH, P, ps, D]`` pools with no per-layer pool slice: the kernel path copies no
+    KV cache per step. (Interpret mode inlines the kernel, so this lowers for the
+    accelerator with the backend pinned.)"""
+    monkeypatch.setattr(kernels, "_backend", lambda mode: backend)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=256, num_layers=3,
+                      num_heads=4, num_kv_heads=2, head_dim=128)
+    params = jax.eval_shape(lambda key: llama.pack_params(cfg, llama.init_params(cfg, key)),
+                            jax.random.key(0))
+    B, N, ps, P, M = 2, 4, 16, 12, 5
+    table = np.arange(B * M, dtype=np.int32).reshape(B, M)
+    cache = jax.eval_shape(lambda: kvc.init_cache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                                                  table, P, ps, jnp.float32))
+    tokens = _spec((B, N), jnp.int32)
+    mask = _spec((B, N, N), jnp.bool_)
+    attend = kernels.attention_fn("pallas")
+
+    def step(params, tokens, cache, mask):
+        positions = cache.lengths[:, None] + jnp.arange(N, dtype=jnp.int32)[None]
+        hidden, _, cache = llama.forward(cfg, params, tokens, positions, cache, block_mask=mask,
+                                         attention_fn=attend)
+        return hidden, cache
+
+    text = jax.jit(step).trace(params, tokens, cache, mask).lower(
+        lowering_platforms=(platform,)).as_text()
+    assert "while" in text                     # the layer stack stayed a loop
+    assert_no_pool_slice(text, target, cache.k_pages.shape)
 
 
 @pytest.mark.slow

@@ -3,8 +3,10 @@
 Grid ``(B, KVH)``; each program holds its KV head's ``N * G`` query rows (padded to
 a power of two >= 16) and loops with ``lax.fori_loop`` over blocks of
 ``pages_per_block`` pages up to ``lengths[b] + N``, gathering each block's pages
-from the head's page pool through the row's page table (``k_ref[pages]``, as in
-JAX's GPU ``paged_attention``). Online softmax in fp32 registers; the prefix needs
+through the row's page table straight from the whole stacked pool
+``[L, KVH, P, page_size, D]`` (``k_ref[layer, h, pages]``, the layer read from a
+scalar operand, so a traced layer never slices a pool; Triton's pointer arithmetic
+goes 64-bit when a pool exceeds 4 GiB). Online softmax in fp32 registers; the prefix needs
 only the length bound, the N tree columns decode the packed mask words in-kernel.
 Triton needs power-of-two block dims: rows, head_dim and page_size (validated).
 Dots are plain ``lax.dot_general`` with fp32 accumulation (what ``plgpu.dot`` wraps;
@@ -28,12 +30,13 @@ from pallas_kernels.tree_attention.block_sizes import BlockSizes
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
-def _kernel(q_ref, k_ref, v_ref, pt_ref, len_ref, lo_ref, hi_ref, o_ref, *,
+def _kernel(q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, lo_ref, hi_ref, o_ref, *,
             ppb: int, page_size: int, num_nodes: int, num_blocks: int, scale: float):
     q = q_ref[...]                                                       # [R, D]
     rows, D = q.shape
     bk = ppb * page_size
     length = len_ref[0]
+    layer, h = layer_ref[0], pl.program_id(1)
     lo, hi = lo_ref[...][:, None], hi_ref[...][:, None]                  # [R, 1] int32
     fp32 = q.dtype == jnp.float32
     prec = lax.Precision.HIGHEST if fp32 else None
@@ -41,8 +44,8 @@ def _kernel(q_ref, k_ref, v_ref, pt_ref, len_ref, lo_ref, hi_ref, o_ref, *,
     def body(j, carry):
         acc, m, l = carry
         pages = pt_ref[pl.ds(j * ppb, ppb)]                               # [ppb]
-        k = k_ref[pages].reshape(bk, D)
-        v = v_ref[pages].reshape(bk, D)
+        k = k_ref[layer, h, pages].reshape(bk, D)
+        v = v_ref[layer, h, pages].reshape(bk, D)
         s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec,
                             preferred_element_type=jnp.float32) * scale           # [R, bk]
         rel = (j * bk - length) + jnp.arange(bk, dtype=jnp.int32)[None, :]   # [1, bk]
@@ -65,12 +68,13 @@ def _kernel(q_ref, k_ref, v_ref, pt_ref, len_ref, lo_ref, hi_ref, o_ref, *,
     o_ref[...] = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
 
 
-def tree_attention_gpu(q, k_pages, v_pages, page_table, lengths, mask_bits, *,
+def tree_attention_gpu(q, k_pages, v_pages, page_table, lengths, mask_bits, layer, *,
                        blocks: BlockSizes, interpret: bool = False) -> jax.Array:
-    """Shapes as :func:`pallas_kernels.tree_attention.reference.tree_attention_ref`;
-    ``blocks`` from :func:`pallas_kernels.tree_attention.validate.validate`."""
+    """Shapes as :func:`pallas_kernels.tree_attention.reference.tree_attention_ref` with
+    stacked pools ``[L, KVH, P, page_size, D]`` and an int32 scalar ``layer``; ``blocks``
+    from :func:`pallas_kernels.tree_attention.validate.validate`."""
     B, N, H, D = q.shape
-    KVH, P, ps, _ = k_pages.shape
+    L, KVH, P, ps, _ = k_pages.shape
     G = H // KVH
     ppb, R = blocks.pages_per_block, blocks.rows
     pt = layout.prepare_page_table(page_table, P, ppb)
@@ -81,7 +85,7 @@ def tree_attention_gpu(q, k_pages, v_pages, page_table, lengths, mask_bits, *,
     kernel = functools.partial(_kernel, ppb=ppb, page_size=ps, num_nodes=N,
                                num_blocks=M // ppb, scale=D ** -0.5)
     q_spec = pl.BlockSpec((None, None, R, D), lambda b, h: (b, h, 0, 0))
-    kv_spec = pl.BlockSpec((None, P, ps, D), lambda b, h: (h, 0, 0, 0))
+    kv_spec = pl.BlockSpec((L, KVH, P, ps, D), lambda b, h: (0, 0, 0, 0, 0))   # whole pool
     row_spec = pl.BlockSpec((None, R), lambda b, h: (b, 0))
     out = pl.pallas_call(
         kernel,
@@ -89,11 +93,13 @@ def tree_attention_gpu(q, k_pages, v_pages, page_table, lengths, mask_bits, *,
         in_specs=[q_spec, kv_spec, kv_spec,
                   pl.BlockSpec((None, M), lambda b, h: (b, 0)),
                   pl.BlockSpec((1,), lambda b, h: (b,)),
+                  pl.BlockSpec((1,), lambda b, h: (0,)),
                   row_spec, row_spec],
         out_specs=q_spec,
         out_shape=jax.ShapeDtypeStruct((B, KVH, R, D), q.dtype),
         compiler_params=plgpu.CompilerParams(num_warps=blocks.num_warps, num_stages=blocks.num_stages),
         interpret=interpret,
         name=f"tree_attention_gpu_N{N}_G{G}_ppb{ppb}",
-    )(qg, k_pages, v_pages, pt, lengths.astype(jnp.int32), lo, hi)
+    )(qg, k_pages, v_pages, pt, lengths.astype(jnp.int32),
+      jnp.reshape(layer, (1,)).astype(jnp.int32), lo, hi)
     return layout.ungroup_output(out, N, H)

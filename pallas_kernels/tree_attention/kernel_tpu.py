@@ -1,8 +1,11 @@
 """Tree attention over a paged KV cache: TPU (Mosaic) Pallas kernel.
 
-Grid ``(B, KVH, num_blocks)``; ``page_table`` (flattened) and ``lengths`` are
-scalar-prefetched into SMEM, and the K/V BlockSpecs' index maps read the page table
-(as in JAX's ``paged_attention``), so the pipeline DMAs exactly the row's pages. A
+Grid ``(B, KVH, num_blocks)``; ``page_table`` (flattened), ``lengths`` and the layer
+index are scalar-prefetched into SMEM, and the K/V BlockSpecs' index maps read them
+(as in JAX's ``paged_attention``): the pools are the whole stacked cache
+``[L, KVH, P, page_size, D]`` in HBM, blocked ``(1, 1, 1, page_size, D)`` with the L,
+KVH and page dims squeezed, so the pipeline DMAs exactly the row's pages of the one
+layer (a traced layer, as in a ``lax.scan`` over layers, never slices a pool). A
 block is ``pages_per_block`` pages: the K (and V) operand is passed
 ``pages_per_block`` times, operand ``j`` of step ``i`` being page ``i * ppb + j``;
 the pages are concatenated along the (sublane-aligned) key axis in VMEM.
@@ -35,7 +38,7 @@ MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 LANES = 128
 
 
-def _kernel(lengths_ref, pt_ref,                      # scalar prefetch (SMEM)
+def _kernel(lengths_ref, pt_ref, layer_ref,           # scalar prefetch (SMEM)
             q_ref, words_ref, *refs,                  # VMEM blocks
             ppb: int, page_size: int, num_nodes: int, num_blocks: int, scale: float):
     k_refs, v_refs = refs[:ppb], refs[ppb:2 * ppb]
@@ -86,12 +89,13 @@ def _kernel(lengths_ref, pt_ref,                      # scalar prefetch (SMEM)
         o_ref[...] = (acc_sc[...] / jnp.where(l > 0, l, 1.0)).astype(o_ref.dtype)
 
 
-def tree_attention_tpu(q, k_pages, v_pages, page_table, lengths, mask_bits, *,
+def tree_attention_tpu(q, k_pages, v_pages, page_table, lengths, mask_bits, layer, *,
                        blocks: BlockSizes, interpret: bool = False) -> jax.Array:
-    """Shapes as :func:`pallas_kernels.tree_attention.reference.tree_attention_ref`;
-    ``blocks`` from :func:`pallas_kernels.tree_attention.validate.validate`."""
+    """Shapes as :func:`pallas_kernels.tree_attention.reference.tree_attention_ref` with
+    stacked pools ``[L, KVH, P, page_size, D]`` and an int32 scalar ``layer``; ``blocks``
+    from :func:`pallas_kernels.tree_attention.validate.validate`."""
     B, N, H, D = q.shape
-    KVH, P, ps, _ = k_pages.shape
+    L, KVH, P, ps, _ = k_pages.shape
     G = H // KVH
     ppb, R = blocks.pages_per_block, blocks.rows
     pt = layout.prepare_page_table(page_table, P, ppb)                  # [B, M], M % ppb == 0
@@ -101,13 +105,13 @@ def tree_attention_tpu(q, k_pages, v_pages, page_table, lengths, mask_bits, *,
     words = layout.row_words(mask_bits, G, R)                            # [B, R, 2]
 
     def kv_spec(j):
-        def index_map(b, h, i, lengths_ref, pt_ref):
+        def index_map(b, h, i, lengths_ref, pt_ref, layer_ref):
             # Last page any visible key of this row lives on; later steps repeat it (no DMA).
             # lax.div, not //: floor division lowers through sign, which needs TPU info at lowering.
             last = jnp.minimum(lax.div(jnp.maximum(lengths_ref[b] + N - 1, 0), ps), M - 1)
             pos = jnp.minimum(i * ppb + j, last)
-            return (h, pt_ref[b * M + pos], 0, 0)
-        return pl.BlockSpec((None, None, ps, D), index_map)
+            return (layer_ref[0], h, pt_ref[b * M + pos], 0, 0)
+        return pl.BlockSpec((None, None, None, ps, D), index_map)
 
     q_spec = pl.BlockSpec((None, None, R, D), lambda b, h, i, *_: (b, h, 0, 0))
     w_spec = pl.BlockSpec((None, R, 2), lambda b, h, i, *_: (b, 0, 0))
@@ -116,7 +120,7 @@ def tree_attention_tpu(q, k_pages, v_pages, page_table, lengths, mask_bits, *,
     out = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=2,
+            num_scalar_prefetch=3,
             grid=(B, KVH, num_blocks),
             in_specs=[q_spec, w_spec] + [kv_spec(j) for j in range(ppb)] * 2,
             out_specs=q_spec,
@@ -128,6 +132,7 @@ def tree_attention_tpu(q, k_pages, v_pages, page_table, lengths, mask_bits, *,
         out_shape=jax.ShapeDtypeStruct((B, KVH, R, D), q.dtype),
         interpret=interpret,
         name=f"tree_attention_tpu_N{N}_G{G}_ppb{ppb}",
-    )(lengths.astype(jnp.int32), pt.reshape(-1), qg, words,
+    )(lengths.astype(jnp.int32), pt.reshape(-1), jnp.reshape(layer, (1,)).astype(jnp.int32),
+      qg, words,
       *([k_pages] * ppb), *([v_pages] * ppb))
     return layout.ungroup_output(out, N, H)

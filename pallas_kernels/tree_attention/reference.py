@@ -21,18 +21,22 @@ from pallas_kernels.tree_attention.layout import unpack_words32
 
 def tree_attention_ref(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
                        page_table: jax.Array, lengths: jax.Array,
-                       mask_bits: jax.Array) -> jax.Array:
-    """``q [B, N, H, D]``, ``k_pages/v_pages [KVH, P, page_size, D]`` (one layer),
-    ``page_table [B, max_pages]`` (unallocated entries = P), ``lengths [B]``,
-    ``mask_bits [B, N, W]`` packed rows -> ``[B, N, H, D]`` in ``q.dtype``."""
+                       mask_bits: jax.Array, layer: jax.Array | int | None = None) -> jax.Array:
+    """``q [B, N, H, D]``; ``k_pages/v_pages [L, KVH, P, page_size, D]`` (the stacked pools)
+    with ``layer`` an int32 scalar (traced allowed), or one layer's ``[KVH, P, page_size, D]``
+    with ``layer=None``; ``page_table [B, max_pages]`` (unallocated entries = P),
+    ``lengths [B]``, ``mask_bits [B, N, W]`` packed rows -> ``[B, N, H, D]`` in ``q.dtype``."""
     B, N, H, D = q.shape
-    KVH, P, ps, _ = k_pages.shape
+    if k_pages.ndim == 4:
+        k_pages, v_pages, layer = k_pages[None], v_pages[None], 0
+    KVH, P, ps, _ = k_pages.shape[1:]
     G = H // KVH
     pt = jnp.clip(page_table, 0, P - 1)
+    layer = jnp.asarray(layer, jnp.int32)
 
     def gather(pages):                                    # -> [B, KVH, S, D]
-        g = jnp.take(pages, pt, axis=1)                   # [KVH, B, M, ps, D]
-        return g.reshape(KVH, B, -1, D).swapaxes(0, 1).astype(jnp.float32)
+        g = pages[layer, :, pt]                           # one gather: [B, M, KVH, ps, D]
+        return g.transpose(0, 2, 1, 3, 4).reshape(B, KVH, -1, D).astype(jnp.float32)
 
     k, v = gather(k_pages), gather(v_pages)
     S = k.shape[2]
@@ -50,17 +54,19 @@ def tree_attention_ref(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     return o.reshape(B, N, H, D).astype(q.dtype)
 
 
-def tree_attention_via_cache(q, k_pages, v_pages, page_table, lengths, mask_bits):
-    """The same computation through :func:`jspec.attention.paged_attention_ref` (a
-    one-layer cache wrapper); used to check the two references agree."""
+def tree_attention_via_cache(q, k_pages, v_pages, page_table, lengths, mask_bits, layer=None):
+    """The same computation through :func:`jspec.attention.paged_attention_ref` (a cache
+    over the stacked pools, or a one-layer cache); used to check the two references agree."""
     from jspec import kv_cache as kvc
     from jspec.attention import paged_attention_ref
 
     N = q.shape[1]
-    P, ps = k_pages.shape[1], k_pages.shape[2]
+    if k_pages.ndim == 4:
+        k_pages, v_pages, layer = k_pages[None], v_pages[None], 0
+    P, ps = k_pages.shape[2], k_pages.shape[3]
     pt = jnp.asarray(page_table, jnp.int32)
     cache = kvc.PagedKVCache(
-        k_pages=k_pages[None], v_pages=v_pages[None], page_table=pt,
+        k_pages=k_pages, v_pages=v_pages, page_table=pt,
         lengths=jnp.asarray(lengths, jnp.int32),
         capacity=jnp.sum(pt < P, axis=1, dtype=jnp.int32) * ps)
-    return paged_attention_ref(q, cache, 0, block_mask=unpack_words32(mask_bits, N))
+    return paged_attention_ref(q, cache, layer, block_mask=unpack_words32(mask_bits, N))

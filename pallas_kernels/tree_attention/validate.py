@@ -6,7 +6,11 @@ Static constraints (``validate``); every violation is a ``ValueError``, never a 
 | what               | all backends                          | TPU (Mosaic)               | GPU (Triton)                  |
 | ------------------ | ------------------------------------- | -------------------------- | ----------------------------- |
 | q                  | ``[B, N, H, D]``, fp32 or bf16        |                            |                               |
-| k_pages, v_pages   | ``[KVH, P, page_size, D]``, q's dtype |                            |                               |
+| k_pages, v_pages   | ``[L, KVH, P, page_size, D]`` (all    |                            |                               |
+|                    | layers), q's dtype; or one layer's    |                            |                               |
+|                    | ``[KVH, P, page_size, D]``            |                            |                               |
+| layer              | int32 scalar (traced allowed) with    |                            |                               |
+|                    | 5-D pools; None with 4-D pools        |                            |                               |
 | N (tree nodes)     | 1 <= N <= 64                          |                            |                               |
 | GQA                | H % KVH == 0                          |                            |                               |
 | head_dim D         |                                       | D % 128 == 0               | power of two, >= 16           |
@@ -20,7 +24,9 @@ Static constraints (``validate``); every violation is a ``ValueError``, never a 
 Dynamic conditions (``check_dynamic``, host side on concrete arrays; inside jit they
 cannot be checked and are the caller's contract): ``0 <= lengths``; every position
 ``< lengths[b] + N`` lies in an allocated page (entry in ``[0, P)``) of the table;
-entries are in ``[0, P]`` (P = unallocated); every node sees itself (bit i of row i).
+entries are in ``[0, P]`` (P = unallocated); every node sees itself (bit i of row i);
+``0 <= layer < L`` (an out-of-range traced layer is clamped by the TPU pipeline's DMA
+bounds, not checked).
 """
 
 from __future__ import annotations
@@ -42,17 +48,31 @@ def canonical_backend(backend: str) -> str:
     return b
 
 
-def validate(q, k_pages, v_pages, page_table, lengths, mask_bits, *, backend: str) -> bs.BlockSizes | None:
+def validate(q, k_pages, v_pages, page_table, lengths, mask_bits, layer=None, *,
+             backend: str) -> bs.BlockSizes | None:
     """Static checks (shapes and dtypes only; arrays or ShapeDtypeStructs). Returns the
     block sizes the chosen kernel will use (None for the reference)."""
     backend = canonical_backend(backend)
     if q.ndim != 4:
         raise ValueError(f"q must be [B, N, H, D], got shape {q.shape}")
     B, N, H, D = q.shape
-    if k_pages.ndim != 4 or k_pages.shape != v_pages.shape:
-        raise ValueError(f"k_pages and v_pages must both be [KVH, P, page_size, D] (one layer), got "
-                         f"{k_pages.shape} and {v_pages.shape}")
-    KVH, P, ps, Dk = k_pages.shape
+    if k_pages.shape != v_pages.shape or k_pages.ndim not in (4, 5):
+        raise ValueError(f"k_pages and v_pages must both be [L, KVH, P, page_size, D] (with a layer "
+                         f"index) or [KVH, P, page_size, D] (one layer), got {k_pages.shape} and "
+                         f"{v_pages.shape}")
+    if k_pages.ndim == 5:
+        if layer is None:
+            raise ValueError(f"stacked pools {k_pages.shape} ([L, KVH, P, page_size, D]) need a layer index")
+        if tuple(getattr(layer, "shape", ())) != () or not jnp.issubdtype(
+                getattr(layer, "dtype", jnp.int32), jnp.integer):
+            raise ValueError(f"layer must be an integer scalar, got "
+                             f"{getattr(layer, 'dtype', type(layer).__name__)}{getattr(layer, 'shape', '')}")
+        if isinstance(layer, (int, np.integer)) and not 0 <= layer < k_pages.shape[0]:
+            raise ValueError(f"layer {layer} out of range for {k_pages.shape[0]} stacked layers")
+    elif layer is not None:
+        raise ValueError(f"a layer index needs stacked pools [L, KVH, P, page_size, D], got one "
+                         f"layer's {k_pages.shape}")
+    KVH, P, ps, Dk = k_pages.shape[-4:]
     if Dk != D:
         raise ValueError(f"head_dim of q ({D}) and of the KV pages ({Dk}) differ")
     if H % KVH:
