@@ -9,6 +9,13 @@ weights and no memory) and reads the compiled executable:
   count divided by the target's number of layers;
 - ``bytes_MB`` / ``GFLOP``: ``compiled.cost_analysis()`` ("bytes accessed", "flops");
   ``bytes_x`` / ``flops_x``: the same over the plain step's;
+  **XLA's cost analysis counts a while body once**, whatever its trip count: once the layer
+  stack is a ``lax.scan``, these are one layer's cost plus everything outside the loop, and
+  are not comparable with an unrolled stack's;
+- ``GFLOP_w`` / ``flops_w_x``: flops of the ``dot`` instructions read from the HLO (fused or
+  not), weighted by the known trip counts of their enclosing loops (so a scanned layer stack
+  counts L times; the draft scan S-1 times), and the same over the plain step's: comparable
+  across unrolled and scanned programs. (Elementwise flops are left out.)
 - ``temp_MB`` / ``arg_MB`` / ``out_MB`` / ``alias_MB``: ``compiled.memory_analysis()``
   (peak temporaries, arguments, outputs, outputs aliased to donated arguments);
 - ``compile_s``: seconds of ``jit(...).lower(...).compile()`` (lowering included);
@@ -78,6 +85,7 @@ from jspec.spec_config import SpecConfig
 from jspec.spec_decode import SpecDecoder, tree_shape
 
 COLUMNS = ["program", "kernels", "per_layer", "bytes_MB", "bytes_x", "GFLOP", "flops_x",
+           "GFLOP_w", "flops_w_x",
            "temp_MB", "arg_MB", "out_MB", "alias_MB", "compile_s", "pool_copies", "pool_kernels"]
 
 
@@ -251,6 +259,57 @@ def count_kernels(text: str, pool_shapes=()) -> dict:
     return counts
 
 
+def _operands(attrs: str) -> list[str]:
+    """Operand names of an instruction (``attrs`` starts at its operand list)."""
+    depth = 0
+    for i, ch in enumerate(attrs):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0:
+            return re.findall(r"%([\w.\-]+)", attrs[:i + 1])
+    return []
+
+
+def dot_flops(text: str) -> dict:
+    """Flops of every ``dot`` (top level or fused), ``once`` (each loop body once, like XLA's
+    cost analysis) and ``weighted`` by the known trip counts of the enclosing while loops
+    (a loop without a known trip count weighs 1). 2 * result elements * contracted size."""
+    comps, entry = parse_hlo(text)
+    shapes = {c: {i.name: i.shape for i in ins} for c, ins in comps.items()}
+    out = {"once": 0.0, "weighted": 0.0}
+    seen = set()
+
+    def walk(name, mult, first):
+        if name not in comps:
+            return
+        first = first and name not in seen
+        seen.add(name)
+        for ins in comps[name]:
+            if ins.opcode == "dot":
+                ops = _operands(ins.attrs)
+                lhs = _shape_key(shapes[name].get(ops[0], "")) if ops else None
+                m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", ins.attrs)
+                res = _shape_key(ins.shape)
+                if lhs and m and res:
+                    k = int(np.prod([lhs[1][int(d)] for d in m.group(1).split(",") if d]))
+                    f = 2.0 * int(np.prod(res[1])) * k
+                    out["weighted"] += f * mult
+                    out["once"] += f if first else 0.0
+            n = 1
+            if ins.opcode == "while":
+                t = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.attrs)
+                n = int(t.group(1)) if t else 1
+            for c in _called(ins.attrs, ("body", "true_computation", "false_computation",
+                                         "branch_computations", "calls")):
+                walk(c, mult * n, first)
+            if ins.opcode == "call":
+                for c in _called(ins.attrs, ("to_apply",)):
+                    walk(c, mult, first)
+
+    walk(entry, 1, True)
+    return out
+
+
 def _cost(compiled) -> dict:
     ca = compiled.cost_analysis()
     if isinstance(ca, (list, tuple)):           # older jax: one dict per computation
@@ -273,9 +332,12 @@ def analyse(name: str, fn: Callable, args: tuple, donate=(), pool_shapes=(),
     t0 = time.perf_counter()
     compiled = jax.jit(fn, donate_argnums=tuple(donate)).lower(*args).compile()
     compile_s = time.perf_counter() - t0
-    k = count_kernels(compiled.as_text(), pool_shapes)
+    text = compiled.as_text()
+    k = count_kernels(text, pool_shapes)
+    df = dot_flops(text)
     row = {"program": name, **k, "per_layer": k["kernels"] / num_layers, **_cost(compiled),
-           **_memory(compiled), "compile_s": compile_s}
+           **_memory(compiled), "compile_s": compile_s, "dot_flops_once": df["once"],
+           "dot_flops_w": df["weighted"], "GFLOP_w": df["weighted"] / 1e9}
     mb = lambda b: b / 1e6
     row.update(bytes_MB=mb(row["bytes"]), GFLOP=row["flops"] / 1e9, temp_MB=mb(row["temp_bytes"]),
                arg_MB=mb(row["arg_bytes"]), out_MB=mb(row["out_bytes"]),
@@ -411,6 +473,8 @@ def anatomy(cfg: LlamaConfig, kind: str | None = "eagle3", spec: SpecConfig | No
     for r in rows:
         r["bytes_x"] = r["bytes"] / base["bytes"] if base and base["bytes"] else float("nan")
         r["flops_x"] = r["flops"] / base["flops"] if base and base["flops"] else float("nan")
+        r["flops_w_x"] = (r["dot_flops_w"] / base["dot_flops_w"] if base and base["dot_flops_w"]
+                          else float("nan"))
     info.update(pool_shapes={k: [np.dtype(v.dtype).name, list(v.shape)] for k, v in pools.items()},
                 batch=batch, context=context, max_new=max_new, page_size=page_size,
                 dtype=cfg.dtype, num_layers=cfg.num_layers, temperature=temperature)
