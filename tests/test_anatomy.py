@@ -83,7 +83,8 @@ def test_no_full_pool_copy(name, program, request):
 
 
 def test_count_kernels_rule():
-    """While bodies count once; copies of the given shape count as pool copies."""
+    """While bodies count once (kernels); dot flops can be weighted by trip counts; copies of
+    the given shape count as pool copies."""
     def f(n):
         return lambda x, y: jax.lax.fori_loop(0, n, lambda i, c: c @ y + 1, x).sum()
 
@@ -91,7 +92,11 @@ def test_count_kernels_rule():
     text = jax.jit(f(3)).lower(sds, sds).compile().as_text()
     one = anatomy.count_kernels(text)
     assert one["while_loops"] == 1 and one["kernels"] >= 3
-    assert anatomy.count_kernels(jax.jit(f(30)).lower(sds, sds).compile().as_text()) == one
+    text30 = jax.jit(f(30)).lower(sds, sds).compile().as_text()
+    assert anatomy.count_kernels(text30) == one
+    # Dot flops: a loop body once (as XLA's cost analysis), or weighted by its trip count.
+    assert anatomy.dot_flops(text) == {"once": 2 * 8 ** 3, "weighted": 3 * 2 * 8 ** 3}
+    assert anatomy.dot_flops(text30)["weighted"] == 30 * 2 * 8 ** 3
     # x is not donated, so the loop's carry starts from a copy of it: an [8, 8] f32 "pool".
     assert anatomy.count_kernels(text, [("f32", (8, 8))])["pool_copies"] >= 1
     assert anatomy.count_kernels(text, [("f32", (9, 8))])["pool_copies"] == 0
