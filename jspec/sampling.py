@@ -42,15 +42,38 @@ def filtered_logits(logits: jax.Array, s: SamplingConfig) -> jax.Array:
         kth = jax.lax.top_k(x, s.top_k)[0][..., -1:]
         x = jnp.where(x < kth, -jnp.inf, x)
     if s.top_p < 1.0:
-        order = jnp.argsort(-x, axis=-1)
-        sorted_x = jnp.take_along_axis(x, order, axis=-1)
-        p = jax.nn.softmax(sorted_x, axis=-1)
-        # Keep a token if the mass strictly before it is below top_p (so the top token always stays).
-        keep_sorted = (jnp.cumsum(p, axis=-1) - p) < s.top_p
-        keep = jnp.zeros_like(keep_sorted).at[
-            tuple(jnp.indices(order.shape)[:-1]) + (order,)].set(keep_sorted)
-        x = jnp.where(keep, x, -jnp.inf)
+        x = jnp.where(_top_p_keep(x, s.top_p, s.top_k), x, -jnp.inf)
     return x
+
+
+# Top-p looks at a candidate set first (the top-k when a top-k filter is on, else the best
+# TOP_P_CANDIDATES): when the nucleus ends inside it, as it nearly always does, nothing is
+# sorted over the whole vocabulary; otherwise a full sort decides, so the result is exact.
+TOP_P_CANDIDATES = 256
+
+
+def _top_p_keep(x: jax.Array, top_p: float, top_k: int) -> jax.Array:
+    """Which tokens the nucleus keeps: in descending order, a token stays while the mass
+    strictly before it is below ``top_p`` (so the best token always stays); tokens tied
+    with the last one kept stay too."""
+    V = x.shape[-1]
+    logz = jax.nn.logsumexp(x, axis=-1, keepdims=True)
+
+    def threshold(vals):                 # vals: sorted descending, a prefix of all logits
+        p = jnp.exp(vals - logz)
+        n = jnp.sum((jnp.cumsum(p, axis=-1) - p) < top_p, axis=-1, keepdims=True)
+        return jnp.take_along_axis(vals, n - 1, axis=-1), n
+
+    C = min(V, top_k if 0 < top_k < V else TOP_P_CANDIDATES)
+    vals = jax.lax.top_k(x, C)[0]
+    thr, n = threshold(vals)
+    if C < V:
+        # The nucleus is inside the candidates when it stops before their end, or when they
+        # hold every finite logit (the top-k filter already dropped the rest).
+        inside = (n < C) | (jnp.isfinite(x).sum(-1, keepdims=True) <= C)
+        full = lambda: threshold(-jnp.sort(-x, axis=-1))[0]
+        thr = jax.lax.cond(jnp.all(inside), lambda: thr, full)
+    return x >= thr
 
 
 def target_probs(logits: jax.Array, s: SamplingConfig) -> jax.Array:

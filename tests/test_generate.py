@@ -106,17 +106,21 @@ def test_sampling_reproducible_and_limits_equal_greedy(stories, golden):
     assert k1.tokens == greedy
 
 
-def test_top_k_top_p_filters_match_numpy():
-    rng = np.random.default_rng(0)
-    logits = rng.standard_normal((4, 50)).astype(np.float32) * 3
-    s = SamplingConfig(temperature=0.7, top_k=10, top_p=0.8)
+# (V, top_k, top_p, logit scale): the nucleus inside the top-k; inside the first 256
+# candidates; past them (a flat distribution: the full-sort fallback); top-k and top-p both.
+@pytest.mark.parametrize("V,k,top_p,scale", [(50, 10, 0.8, 3.0), (1000, 0, 0.9, 3.0),
+                                             (1000, 0, 0.99, 0.1), (2000, 40, 0.95, 0.5)])
+def test_top_k_top_p_filters_match_numpy(V, k, top_p, scale):
+    rng = np.random.default_rng(V + k)
+    logits = rng.standard_normal((4, V)).astype(np.float32) * scale
+    s = SamplingConfig(temperature=0.7, top_k=k, top_p=top_p)
     got = np.isfinite(np.asarray(filtered_logits(jnp.asarray(logits), s)))
-    for row, keep in zip(logits / 0.7, got):
-        order = np.argsort(-row)[:10]
+    for row, keep in zip(logits / np.float32(0.7), got):
+        order = np.argsort(-row, kind="stable")[:k or V]
         p = np.exp(row[order] - row[order].max())
         p /= p.sum()
         before = np.cumsum(p) - p
-        want = set(order[before < 0.8].tolist())
+        want = set(order[before < top_p].tolist())
         assert set(np.flatnonzero(keep).tolist()) == want
 
 
