@@ -48,7 +48,13 @@ def draft_layer_config(target: LlamaConfig, **overrides) -> LlamaConfig:
 
 
 def random_drafter(kind: str, target_cfg: LlamaConfig, key=None, **kw) -> Drafter:
-    """A drafter with random weights, shaped to fit ``target_cfg`` (tests, benchmarks)."""
+    """A drafter with random weights, shaped to fit ``target_cfg`` (tests, benchmarks).
+
+    ``vocab_size=Vd`` (every kind) drafts over a reduced vocabulary: its own ``[H, Vd]``
+    head(s) and the identity-prefix map (draft id i -> target id i; install another with
+    :func:`jspec.drafters.vocab.set_draft_vocab`). A Medusa drafter with ``Vd < V`` is
+    ``truncated`` (a ``token_map``).
+    """
     key = jax.random.key(0) if key is None else key
     layer = draft_layer_config(target_cfg)
     V = target_cfg.vocab_size
@@ -62,6 +68,8 @@ def random_drafter(kind: str, target_cfg: LlamaConfig, key=None, **kw) -> Drafte
     elif kind == "medusa":
         kw.setdefault("num_heads", 4)
         kw.setdefault("num_layers", 1)
+        if 0 < kw.get("vocab_size", 0) < V:
+            kw.setdefault("truncated", True)
         module = Medusa(hidden=target_cfg.hidden_size, target_vocab=V, dtype=target_cfg.dtype, **kw)
     else:
         raise ValueError(f"unknown drafter kind {kind!r} (eagle1, eagle3, mtp, medusa)")

@@ -14,6 +14,8 @@ the tensor names (then the config), or forced with ``kind=``:
 
 - ``eagle1`` (SafeAILab): ``fc.weight [H, 2H]`` (+ ``fc.bias`` when config ``bias``),
   ``layers.0.{self_attn,mlp}.*``, ``layers.0.post_attention_layernorm.weight``.
+  (A draft-vocabulary EAGLE-1 or MTP, ``vocab_size > 0``, has no published layout; it is
+  saved and loaded in jspec's Orbax format only.)
 - ``eagle3`` (SafeAILab / SpecForge): ``fc.weight [H, 3H]``, ``midlayer.*``,
   ``norm.weight``, ``lm_head.weight [Vd, H]``, ``d2t [Vd]`` (``t2d`` ignored); optional
   jspec extensions ``fc_norm.weight [3H]`` (``fc_norm="full"``) or
@@ -39,8 +41,10 @@ RoPE fields from its ``config.json``, falling back to the target's. Parameters a
 to ``dtype``, by default the target's (the drafter reads the target's embeddings).
 
 jspec's own format (:func:`save_drafter`): ``jspec_drafter.json`` (kind, the spec's
-static fields, the layer config) + Orbax params, written to a hidden sibling directory
-and renamed into place.
+static fields, the layer config; ``vocab_size`` among them) + Orbax params (the draft
+heads and the ``d2t`` / ``token_map`` map among them), written to a hidden sibling
+directory and renamed into place. Every stored tensor's shape is checked against the
+spec's before any data is read; the map's length and range by the spec's ``validate``.
 """
 
 from __future__ import annotations
@@ -67,9 +71,10 @@ from jspec.config import ConfigError, LlamaConfig, rope_from_hf
 from jspec.drafters import Drafter, draft_layer_config
 from jspec.drafters.base import DrafterMismatchError
 from jspec.drafters.eagle1 import Eagle1
-from jspec.drafters.eagle3 import Eagle3, check_d2t, default_aux_layers
+from jspec.drafters.eagle3 import Eagle3, default_aux_layers
 from jspec.drafters.medusa import Medusa
 from jspec.drafters.mtp import MTP
+from jspec.drafters.vocab import check_d2t, check_token_map
 
 DRAFTER_CONFIG_FILE = "jspec_drafter.json"
 FORMAT = "jspec-drafter-orbax"
@@ -447,11 +452,7 @@ def _medusa(d, ts, target, dtype):
             raise DrafterMismatchError(
                 f"token_map has shape {shape}, expected ({Vd},) (one target id per draft id)")
         tm = np.asarray(ts.get("token_map")).astype(np.int64)
-        if tm.min() < 0 or tm.max() >= target.vocab_size:
-            bad = int(np.flatnonzero((tm < 0) | (tm >= target.vocab_size))[0])
-            raise DrafterMismatchError(
-                f"token_map maps draft id {bad} to target id {int(tm[bad])}, outside the target "
-                f"vocabulary [0, {target.vocab_size})")
+        check_token_map(tm, Vd, target.vocab_size)
         if not (Vd == target.vocab_size and np.array_equal(tm, np.arange(Vd))):
             truncated = True
             extra["token_map"] = jax.numpy.asarray(tm.astype(np.int32))
@@ -620,7 +621,8 @@ def _load_orbax(d: Path, target: LlamaConfig, dtype: str) -> Drafter:
         stored = flatten(ckptr.metadata(pdir).item_metadata.tree)
     except Exception as e:
         raise CheckpointError(f"{pdir}: cannot read Orbax metadata ({e})") from e
-    optional = {("d2t",)} if module.kind == "eagle3" else set()
+    # A d2t over the full vocabulary (a permutation) is optional: absent means the identity.
+    optional = {("d2t",)} if getattr(module, "map_key", None) == "d2t" else set()
     for p, leaf in expected.items():
         if p not in stored:
             raise CheckpointError(f"checkpoint is missing tensor {path_str(p)!r} "
@@ -678,6 +680,9 @@ def save_hf_drafter(drafter: Drafter, path: str | os.PathLike, layout: str | Non
         if target_config is None:
             raise ValueError("save_hf_drafter of an MTP drafter needs target_config")
         L = _as_config(target_config).num_layers
+    if kind in ("eagle1", "mtp") and module.vocab_size:
+        raise ValueError(f"a draft-vocabulary {kind} drafter (vocab_size={module.vocab_size}) has "
+                         "no published layout: save it with save_drafter (jspec's Orbax format)")
     if kind == "medusa":
         layout = layout or ("vllm" if module.truncated else "fasterdecoding")
         if module.truncated and layout != "vllm":

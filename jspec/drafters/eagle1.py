@@ -1,12 +1,17 @@
 """EAGLE-1: ``fc(cat(embed(x), h))`` then one decoder layer without an input norm.
 
 The feature h is the target's final post-norm hidden state; the layer's output is
-fed back as the next feature and read by the target's own LM head (no norm).
+fed back as the next feature and read by the target's own LM head (no norm), or, with
+a draft vocabulary (``vocab_size = Vd > 0``), by the drafter's own ``lm_head [H, Vd]``
+(initialised from the target head's columns of the kept tokens) and mapped back to
+target ids through ``d2t`` (see :mod:`jspec.drafters.vocab`).
 
 Checkpoint (SafeAILab layout): ``fc.weight [H, 2H]`` (+ ``fc.bias`` when the config's
 ``bias`` is true), ``layers.0.self_attn.{q,k,v,o}_proj.weight``,
 ``layers.0.post_attention_layernorm.weight``, ``layers.0.mlp.{gate,up,down}_proj.weight``;
-an ``embed_tokens.weight`` is ignored (the target's embedding is used).
+an ``embed_tokens.weight`` is ignored (the target's embedding is used). A draft-vocabulary
+EAGLE-1 (params ``lm_head/kernel [H, Vd]``, ``d2t [Vd]``) has no published layout: jspec's
+Orbax format only.
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ from __future__ import annotations
 import dataclasses
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from jspec.config import LlamaConfig
 from jspec.drafters.base import RecurrentDrafter, target_embedding, target_head
+from jspec.drafters.vocab import DraftVocab, check_draft_vocab
 from jspec.llama import MLP, Attention, RMSNorm
 from jspec.attention import paged_attention_ref
 
@@ -41,9 +48,14 @@ class Eagle1Net(nn.Module):
 
 
 @dataclasses.dataclass(frozen=True)
-class Eagle1(RecurrentDrafter):
+class Eagle1(DraftVocab, RecurrentDrafter):
     fc_bias: bool = False
+    vocab_size: int = 0                # draft vocabulary Vd with its own head (0: the target's head)
     kind = "eagle1"
+
+    @property
+    def draft_head_paths(self):
+        return (("lm_head", "kernel"),) if self.vocab_size else ()
 
     @property
     def net(self):
@@ -51,12 +63,24 @@ class Eagle1(RecurrentDrafter):
 
     def init_params(self, key, target_cfg):
         emb, feats, pos, cache = self._dummy(target_cfg, target_cfg.hidden_size)
-        return {"net": self.net.init(key, emb, feats, pos, cache, None, None, 0)["params"]}
+        params = {"net": self.net.init(key, emb, feats, pos, cache, None, None, 0)["params"]}
+        if self.vocab_size:
+            H, Vd = self.layer.hidden_size, self.draft_vocab
+            kernel = nn.initializers.normal(0.02)(jax.random.fold_in(key, 1), (H, Vd),
+                                                  jnp.dtype(self.layer.dtype))
+            params.update(lm_head={"kernel": kernel}, **self.init_map())
+        return params
+
+    def validate(self, target_cfg: LlamaConfig, params=None) -> None:
+        super().validate(target_cfg, params)
+        check_draft_vocab(self, target_cfg.vocab_size, params)
 
     def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
                   cache, block_mask, valid, offset):
         emb = target_embedding(target_params)[tokens]
         out, cache = self.net.apply({"params": params["net"]}, emb, feats, positions, cache,
                                     block_mask, valid, offset)
-        logits = (out @ target_head(target_cfg, target_params).astype(out.dtype)).astype(jnp.float32)
+        head = (params["lm_head"]["kernel"] if self.vocab_size
+                else target_head(target_cfg, target_params))
+        logits = (out @ head.astype(out.dtype)).astype(jnp.float32)
         return out, logits, cache

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jspec.attention import paged_attention_ref
 from jspec.config import LlamaConfig
 from jspec.drafters.base import DrafterMismatchError, RecurrentDrafter, target_embedding
+from jspec.drafters.vocab import DraftVocab, check_d2t, check_draft_vocab
 from jspec.llama import MLP, Attention, RMSNorm, _dense
 
 
@@ -65,7 +66,7 @@ class Eagle3Net(nn.Module):
 
 
 @dataclasses.dataclass(frozen=True)
-class Eagle3(RecurrentDrafter):
+class Eagle3(DraftVocab, RecurrentDrafter):
     aux_layers: tuple[int, ...] = ()
     vocab_size: int = 0                # draft vocabulary Vd (0: same as the target)
     fc_norm: str = "none"
@@ -74,8 +75,8 @@ class Eagle3(RecurrentDrafter):
     feature_source = "aux"
 
     @property
-    def draft_vocab(self) -> int:
-        return self.vocab_size or self.target_vocab
+    def draft_head_paths(self):
+        return (("net", "lm_head", "kernel"),)
 
     @property
     def net(self):
@@ -84,20 +85,13 @@ class Eagle3(RecurrentDrafter):
     def init_params(self, key, target_cfg):
         emb, feats, pos, cache = self._dummy(target_cfg, 3 * target_cfg.hidden_size)
         params = {"net": self.net.init(key, emb, feats, True, pos, cache, None, None, 0)["params"]}
-        if self.draft_vocab != self.target_vocab:  # identity-prefix map: draft id i -> target id i
-            params["d2t"] = jnp.zeros((self.draft_vocab,), jnp.int32)
-        return params
+        return {**params, **self.init_map()}     # identity-prefix map: draft id i -> target id i
 
     def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
                   cache, block_mask, valid, offset):
         emb = target_embedding(target_params)[tokens]
         return self.net.apply({"params": params["net"]}, emb, feats, step is None, positions, cache,
                               block_mask, valid, offset)
-
-    def to_target_ids(self, params, draft_ids):
-        if "d2t" not in params:
-            return draft_ids
-        return draft_ids + params["d2t"][draft_ids]
 
     def validate(self, target_cfg: LlamaConfig, params=None) -> None:
         super().validate(target_cfg, params)
@@ -111,26 +105,7 @@ class Eagle3(RecurrentDrafter):
             raise DrafterMismatchError(
                 f"eagle3 aux layer {bad[0]} does not exist in a {L}-layer target (aux_layers "
                 f"index the residual stream entering a layer: 0 .. {L - 1})")
-        if params is not None:
-            check_d2t(params.get("d2t"), self.draft_vocab, target_cfg.vocab_size)
+        check_draft_vocab(self, target_cfg.vocab_size, params)
 
 
-def check_d2t(d2t, draft_vocab: int, target_vocab: int) -> None:
-    """``d2t`` must have one entry per draft id and map every draft id into the target vocab."""
-    import numpy as np
-    if d2t is None:
-        if draft_vocab != target_vocab:
-            raise DrafterMismatchError(
-                f"eagle3 draft vocabulary ({draft_vocab}) differs from the target's "
-                f"({target_vocab}) but the checkpoint has no d2t map")
-        return
-    d2t = np.asarray(d2t)
-    if d2t.shape != (draft_vocab,):
-        raise DrafterMismatchError(
-            f"d2t has shape {d2t.shape}, expected ({draft_vocab},) (one offset per draft id)")
-    tgt = np.arange(draft_vocab) + d2t
-    if tgt.min() < 0 or tgt.max() >= target_vocab:
-        bad = int(np.flatnonzero((tgt < 0) | (tgt >= target_vocab))[0])
-        raise DrafterMismatchError(
-            f"d2t maps draft id {bad} to target id {int(tgt[bad])}, outside the target "
-            f"vocabulary [0, {target_vocab})")
+__all__ = ["Eagle3", "Eagle3Net", "default_aux_layers", "check_d2t"]  # check_d2t: moved to vocab

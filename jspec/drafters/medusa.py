@@ -11,7 +11,10 @@ default (truncated to the heads there are), a chain of the heads' top-1 tokens w
 ``topk == 1``, and otherwise the N-1 paths of the per-head top-K product with the
 smallest rank sums (a deterministic stand-in for a calibrated tree).
 
-A truncated vocabulary (vLLM) keeps ``token_map [Vd]``: draft id -> target id.
+Draft vocabulary (:mod:`jspec.drafters.vocab`): ``vocab_size`` is the own heads' width
+(0: the target's shared head). A truncated vocabulary (vLLM; ``truncated=True``) keeps
+``token_map [Vd]``: draft id -> target id (absolute, vLLM's convention, where the other
+drafters keep ``d2t`` offsets; both are checked and mapped by the shared code).
 
 Checkpoints: FasterDecoding ``{i}.{j}.linear.{weight,bias}`` and ``{i}.{L}.weight``;
 vLLM ``blocks.{i}.layers.{j}.{weight,bias}`` and ``lm_heads.{i}.weight``.
@@ -29,6 +32,7 @@ from flax import struct
 
 from jspec.config import LlamaConfig
 from jspec.drafters.base import DrafterMismatchError, target_head
+from jspec.drafters.vocab import check_draft_vocab, to_target_ids
 from jspec.shapes import Float
 from jspec.spec_config import SpecConfig
 from jspec.tree.static import MC_SIM_7B_63, StaticTree, static_tree_tokens
@@ -90,6 +94,20 @@ class Medusa:
     kind = "medusa"
     feature_source = "final"
     aux_layers = ()
+    map_key = "token_map"
+
+    @property
+    def draft_vocab(self) -> int:
+        return self.vocab_size or self.target_vocab
+
+    @property
+    def draft_head_paths(self):
+        if not self.vocab_size:
+            return ()
+        return tuple(("net", f"head_{i}_lm", "kernel") for i in range(self.num_heads))
+
+    def to_target_ids(self, params, draft_ids):
+        return to_target_ids(params, draft_ids)
 
     @property
     def net(self):
@@ -113,16 +131,7 @@ class Medusa:
             raise DrafterMismatchError(
                 f"medusa drafter was built for a vocabulary of {self.target_vocab} tokens, the "
                 f"target has {target_cfg.vocab_size}")
-        if self.vocab_size and not self.truncated and self.vocab_size != target_cfg.vocab_size:
-            raise DrafterMismatchError(
-                f"medusa heads predict {self.vocab_size} tokens, the target has "
-                f"{target_cfg.vocab_size} (a truncated vocabulary needs a token_map)")
-        if params is not None and self.truncated:
-            import numpy as np
-            tm = np.asarray(params["token_map"])
-            if tm.shape != (self.vocab_size,) or tm.min() < 0 or tm.max() >= target_cfg.vocab_size:
-                raise DrafterMismatchError(
-                    f"medusa token_map must be [{self.vocab_size}] ids in [0, {target_cfg.vocab_size})")
+        check_draft_vocab(self, target_cfg.vocab_size, params)
 
     def cache_slots(self, spec) -> int:
         return 0
@@ -147,6 +156,5 @@ class Medusa:
         head = None if self.vocab_size else target_head(cfg, tparams)
         logits = self.net.apply({"params": params["net"]}, state.feature, head)  # [B, heads, V]
         _, top = jax.lax.top_k(logits[:, :tree.depth], tree.topk)
-        if self.truncated:
-            top = params["token_map"][top]
+        top = self.to_target_ids(params, top)
         return static_tree_tokens(tree, root, top)

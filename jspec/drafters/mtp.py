@@ -17,6 +17,10 @@ Checkpoint (DeepSeek layout): ``model.layers.{L+k}.{enorm,hnorm}.weight``,
 ``.eh_proj.weight [H, 2H]``, the decoder block under the same prefix
 (``self_attn.*``, ``mlp.*``, ``input_layernorm``, ``post_attention_layernorm``), and
 ``.shared_head.{norm,head}.weight``; ``.embed_tokens.weight`` is ignored.
+
+Draft vocabulary (``vocab_size = Vd > 0``, needs ``own_head``): every module's
+``shared_head_head`` is ``[H, Vd]`` and ``d2t [Vd]`` maps draft ids to target ids (see
+:mod:`jspec.drafters.vocab`). No published layout has one: jspec's Orbax format only.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import jax.numpy as jnp
 
 from jspec.attention import paged_attention_ref
 from jspec.config import LlamaConfig
-from jspec.drafters.base import RecurrentDrafter, target_embedding, target_head
+from jspec.drafters.base import DrafterMismatchError, RecurrentDrafter, target_embedding, target_head
+from jspec.drafters.vocab import DraftVocab, check_draft_vocab
 from jspec.llama import DecoderLayer, RMSNorm, _dense
 
 
@@ -58,17 +63,33 @@ class MTPModule(nn.Module):
 
 
 @dataclasses.dataclass(frozen=True)
-class MTP(RecurrentDrafter):
+class MTP(DraftVocab, RecurrentDrafter):
     num_modules: int = 1
     own_head: bool = True
+    vocab_size: int = 0                # draft vocabulary Vd of the own heads (0: the target's)
     kind = "mtp"
+
+    @property
+    def draft_head_paths(self):
+        if not self.own_head:
+            return ()
+        return tuple(("net", f"module_{m}", "shared_head_head", "kernel")
+                     for m in range(self.num_modules))
+
+    def validate(self, target_cfg: LlamaConfig, params=None) -> None:
+        super().validate(target_cfg, params)
+        if self.vocab_size and not self.own_head:
+            raise DrafterMismatchError(
+                f"mtp drafter with a draft vocabulary (vocab_size={self.vocab_size}) needs its "
+                "own head (own_head=True); the target's head covers the full vocabulary")
+        check_draft_vocab(self, target_cfg.vocab_size, params)
 
     @property
     def cache_layers(self) -> int:
         return self.num_modules
 
     def module(self, m: int) -> MTPModule:
-        return MTPModule(self.layer, self.own_head, self.target_vocab, m)
+        return MTPModule(self.layer, self.own_head, self.draft_vocab, m)
 
     def init_params(self, key, target_cfg):
         emb, feats, pos, cache = self._dummy(target_cfg, target_cfg.hidden_size)
@@ -76,7 +97,7 @@ class MTP(RecurrentDrafter):
         keys = jax.random.split(key, self.num_modules)
         return {"net": {f"module_{m}": self.module(m).init(
             keys[m], emb, feats, pos, cache, None, None, 0, head)["params"]
-            for m in range(self.num_modules)}}
+            for m in range(self.num_modules)}, **self.init_map()}
 
     def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
                   cache, block_mask, valid, offset):

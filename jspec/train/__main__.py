@@ -12,6 +12,9 @@ train      train one drafter on cached features (AdamW, warmup + cosine, clippin
            ``python -m jspec.train train --target DIR --features FEATDIR --kind
            {eagle3,eagle1,mtp,medusa} --out OUT [--steps 1500] [--batch-size 16] [--lr 3e-3]
            [--warmup 50] [--unroll N] [--draft-vocab 256] [--medusa-heads 4] [--max-seconds S]``
+           ``--draft-vocab Vd`` (any kind): draft over the Vd most frequent tokens of the
+           features' sequences, with a Vd-column head of the drafter's own and a d2t map
+           (Medusa: a truncated vocabulary with a token_map); 0 = the full vocabulary
 eval       acceptance table: end-to-end greedy ``jspec.generate`` on held-out prompts and
            teacher-forced on held-out sampled sequences (random-weight baselines with --baseline)
            ``python -m jspec.train eval --target DIR --drafter OUT/drafter [--drafter ...]
@@ -75,11 +78,13 @@ def cmd_train(a):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     kw = {}
-    if a.kind == "eagle3":
-        kw = dict(aux_layers=tuple(meta["aux_layers"]), draft_vocab=a.draft_vocab,
+    if a.draft_vocab:
+        kw = dict(draft_vocab=a.draft_vocab,
                   freqs=F.token_frequencies(data["tokens"], data["lens"], target.config.vocab_size))
+    if a.kind == "eagle3":
+        kw["aux_layers"] = tuple(meta["aux_layers"])
     elif a.kind == "medusa":
-        kw = dict(medusa_heads=a.medusa_heads, medusa_layers=a.medusa_layers)
+        kw.update(medusa_heads=a.medusa_heads, medusa_layers=a.medusa_layers)
     d = D.build_drafter(a.kind, target.config, target.params, jax.random.key(a.seed), **kw)
     lc = D.DEFAULT_LOSS[a.kind]
     if a.unroll:
@@ -95,7 +100,8 @@ def cmd_train(a):
     t0 = time.time()
     trained, metrics = D.train(d, target, data, tc, lc, ckpt_path=out / "train_state.npz", log=log)
     save_drafter(trained, out / "drafter", overwrite=True)
-    D.write_info(out / "info.json", {"kind": a.kind, "train": tc.__dict__, "loss": lc.__dict__,
+    D.write_info(out / "info.json", {"kind": a.kind, "draft_vocab": a.draft_vocab,
+                                     "train": tc.__dict__, "loss": lc.__dict__,
                                      "seconds": time.time() - t0, "features": str(a.features),
                                      "final": {k: float(v) for k, v in metrics.items()}})
     print(f"saved {a.kind} drafter to {out / 'drafter'} ({time.time() - t0:.0f}s)")
@@ -164,7 +170,8 @@ def main(argv=None):
     t.add_argument("--clip", type=float, default=1.0)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--unroll", type=int, default=0)
-    t.add_argument("--draft-vocab", type=int, default=0)
+    t.add_argument("--draft-vocab", type=int, default=0,
+                   help="draft over the N most frequent tokens (0: the target's vocabulary)")
     t.add_argument("--medusa-heads", type=int, default=4)
     t.add_argument("--medusa-layers", type=int, default=1)
     t.add_argument("--ckpt-every", type=int, default=200)

@@ -45,7 +45,7 @@ import optax
 from jspec import kv_cache as kvc
 from jspec.drafters import Drafter, random_drafter
 from jspec.drafters.base import target_head
-from jspec.train.features import build_d2t, target_to_draft, token_frequencies
+from jspec.drafters.vocab import MAP_KEYS, build_d2t, set_draft_vocab, t2d_for
 from jspec.train.optim import TrainState, load_train_state, make_optimizer, save_train_state
 
 
@@ -71,49 +71,45 @@ def build_drafter(kind: str, target_cfg, target_params, key, *, aux_layers=None,
                   medusa_layers: int = 1) -> Drafter:
     """A fresh drafter to train; heads start from the target's LM head where they have one.
 
-    EAGLE-3 with ``draft_vocab < V`` gets ``d2t`` from ``freqs`` (token counts).
+    ``draft_vocab < V`` (any kind) drafts over the ``draft_vocab`` most frequent tokens of
+    ``freqs`` (token counts; :func:`jspec.drafters.vocab.build_d2t`): the drafter gets its
+    own ``[H, Vd]`` head(s), initialised as the target head's columns of the kept tokens,
+    and the map (``d2t``; Medusa's ``token_map``). Without one, EAGLE-1 reads the target's
+    head and MTP's / EAGLE-3's own heads start as copies of it.
     Medusa gets its own per-head LM heads (copies of the target's) and zero residual
     blocks, so every head starts out predicting the next token like the target.
     """
     V = target_cfg.vocab_size
     head = np.asarray(target_head(target_cfg, target_params))            # [H, V]
+    vd = draft_vocab if draft_vocab and draft_vocab < V else 0
+    ids = None
+    if vd:
+        if freqs is None:
+            raise ValueError("a reduced draft vocabulary needs token frequencies")
+        _, ids = build_d2t(freqs, vd)
     if kind == "eagle3":
         kw = {"aux_layers": tuple(aux_layers)} if aux_layers is not None else {}
-        vd = draft_vocab if draft_vocab and draft_vocab < V else 0
         d = random_drafter("eagle3", target_cfg, key, vocab_size=vd, **kw)
-        params = jax.tree_util.tree_map(lambda x: x, d.params)
-        ids = np.arange(V)
-        if vd:
-            if freqs is None:
-                raise ValueError("a reduced EAGLE-3 draft vocabulary needs token frequencies")
-            d2t, ids = build_d2t(freqs, vd)
-            params["d2t"] = jnp.asarray(d2t)
-        params["net"]["lm_head"]["kernel"] = jnp.asarray(head[:, ids])
-        return Drafter(d.module, params)
-    if kind == "medusa":
+    elif kind == "medusa":
         d = random_drafter("medusa", target_cfg, key, num_heads=medusa_heads,
-                           num_layers=medusa_layers, vocab_size=V)
+                           num_layers=medusa_layers, vocab_size=vd or V)
         net = dict(d.params["net"])
         for name in net:
-            if name.endswith("_lm"):
-                net[name] = {"kernel": jnp.asarray(head)}
-            else:
+            if not name.endswith("_lm"):
                 net[name] = {"kernel": jnp.zeros_like(net[name]["kernel"]),
                              "bias": jnp.zeros_like(net[name]["bias"])}
-        return Drafter(d.module, {"net": net})
-    if kind == "mtp":
-        d = random_drafter("mtp", target_cfg, key)
-        params = jax.tree_util.tree_map(lambda x: x, d.params)
-        params["net"]["module_0"]["shared_head_head"]["kernel"] = jnp.asarray(head)
-        return Drafter(d.module, params)
-    if kind == "eagle1":
-        return random_drafter("eagle1", target_cfg, key)
-    raise ValueError(f"unknown drafter kind {kind!r} (eagle1, eagle3, mtp, medusa)")
+        d = Drafter(d.module, {**d.params, "net": net})
+    elif kind in ("mtp", "eagle1"):
+        d = random_drafter(kind, target_cfg, key, vocab_size=vd)
+    else:
+        raise ValueError(f"unknown drafter kind {kind!r} (eagle1, eagle3, mtp, medusa)")
+    return Drafter(d.module, set_draft_vocab(d.module, d.params, ids, head))
 
 
 def split_params(params):
-    """-> ``(trainable, frozen)``: EAGLE-3's integer ``d2t`` / Medusa's ``token_map`` are frozen."""
-    frozen = {k: v for k, v in params.items() if k in ("d2t", "token_map")}
+    """-> ``(trainable, frozen)``: the integer draft-vocabulary map (``d2t`` / Medusa's
+    ``token_map``) is frozen."""
+    frozen = {k: v for k, v in params.items() if k in MAP_KEYS}
     return {k: v for k, v in params.items() if k not in frozen}, frozen
 
 
@@ -218,7 +214,7 @@ def medusa_loss(module, params, target_cfg, target_params, batch, lc: LossConfig
     total, metrics = 0.0, {}
     for k in range(module.num_heads):
         probs, ids = soft_targets(_shift_left(batch["topk_vals"], k + 1),
-                                  _shift_left(batch["topk_ids"], k + 1))
+                                  _shift_left(batch["topk_ids"], k + 1), t2d)
         ce, acc = soft_ce(logits[:, k], probs, ids)
         valid = i + 2 + k < lens[:, None]
         total = total + lc.decay ** k * _mean(ce, valid)
@@ -292,11 +288,9 @@ def make_train_step(module, target_cfg, lc: LossConfig, tc: TrainConfig):
 
 
 def draft_t2d(module, frozen, vocab_size: int):
-    """EAGLE-3 with a reduced vocabulary: ``t2d [V]`` (-1 = not drafted); else None."""
-    if "d2t" not in frozen:
-        return None
-    draft_ids = np.arange(module.draft_vocab) + np.asarray(frozen["d2t"])
-    return jnp.asarray(target_to_draft(draft_ids, vocab_size))
+    """A drafter with a draft-vocabulary map: ``t2d [V]`` (-1 = not drafted); else None."""
+    t2d = t2d_for(module, frozen, vocab_size)
+    return None if t2d is None else jnp.asarray(t2d)
 
 
 def train(drafter: Drafter, target, data: dict, tc: TrainConfig, lc: LossConfig | None = None,

@@ -11,9 +11,10 @@ a fresh KV cache) and we keep, per position:
 Shards are ``.npz`` files (``shard_00000.npz`` ...) of sequences padded to one length,
 plus ``meta.json`` (aux layers, k, vocab, counts). :func:`load_features` concatenates them.
 
-``d2t`` (EAGLE-3's draft -> target offset map) comes from token frequencies: the ``Vd``
-most frequent target tokens, in increasing id order, form the draft vocabulary and
-``d2t[i] = target_id(i) - i``.
+``d2t`` (a draft -> target offset map, for every drafter kind with a draft vocabulary)
+comes from token frequencies (:func:`token_frequencies` here, then
+:func:`jspec.drafters.vocab.build_d2t`, re-exported): the ``Vd`` most frequent target tokens,
+in increasing id order, form the draft vocabulary and ``d2t[i] = target_id(i) - i``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 
 from jspec import kv_cache as kvc
 from jspec.drafters.eagle3 import default_aux_layers
+from jspec.drafters.vocab import build_d2t, target_to_draft  # noqa: F401  (re-exported)
 from jspec.llama import Llama
 
 
@@ -133,24 +135,3 @@ def token_frequencies(tokens: np.ndarray, lens: np.ndarray, vocab_size: int) -> 
     """Counts of each target id over the real (unpadded) positions."""
     mask = np.arange(tokens.shape[1])[None] < lens[:, None]
     return np.bincount(tokens[mask].ravel(), minlength=vocab_size)[:vocab_size]
-
-
-def build_d2t(freqs: np.ndarray, draft_vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """-> ``(d2t [Vd] int32, draft_to_target_ids [Vd])``.
-
-    The ``draft_vocab`` most frequent ids (ties: lower id first), sorted by id, are the
-    draft vocabulary; ``target_id = draft_id + d2t[draft_id]``.
-    """
-    V = len(freqs)
-    if not 0 < draft_vocab <= V:
-        raise ValueError(f"draft vocabulary size must be in [1, {V}], got {draft_vocab}")
-    order = np.lexsort((np.arange(V), -np.asarray(freqs)))   # by count desc, then id
-    ids = np.sort(order[:draft_vocab]).astype(np.int32)
-    return (ids - np.arange(draft_vocab, dtype=np.int32)).astype(np.int32), ids
-
-
-def target_to_draft(draft_ids: np.ndarray, vocab_size: int) -> np.ndarray:
-    """``t2d [V]``: the draft id of each target id, -1 when it is not in the draft vocab."""
-    t2d = np.full(vocab_size, -1, np.int32)
-    t2d[draft_ids] = np.arange(len(draft_ids), dtype=np.int32)
-    return t2d
