@@ -388,7 +388,6 @@ class _ModeRecorder:
 def sec_e2e(plan: Plan, ctx: dict) -> dict:
     import jspec
     import jspec.generate  # noqa: F401  (the module the recorder wraps)
-    import jax
     import numpy as np
 
     from jspec.bench.plain import make_prompts
@@ -542,10 +541,15 @@ def sec_hf(plan: Plan, ctx: dict) -> dict:
     hf_cfg = transformers.LlamaConfig(**d)
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    torch.set_default_dtype(torch.bfloat16)
-    with torch.device("cuda"):
-        model = transformers.LlamaForCausalLM(hf_cfg)
-    torch.set_default_dtype(torch.float32)
+    try:     # built in bf16 straight on the GPU (an fp32 build would take 32 GB first)
+        torch.set_default_dtype(torch.bfloat16)
+    except (TypeError, RuntimeError):   # a torch without bf16 defaults: fp32 build, then cast
+        pass
+    try:
+        with torch.device("cuda"):
+            model = transformers.LlamaForCausalLM(hf_cfg)
+    finally:
+        torch.set_default_dtype(torch.float32)
     model = model.to(torch.bfloat16).eval()
     _disable_eos(model)
     build_s = time.perf_counter() - t0
