@@ -726,8 +726,9 @@ def render(payload: dict) -> str:
     secs = payload["sections"]
     out = [f"device: {payload.get('device')}", "",
            format_table([{"section": n, "status": r.get("status"), "s": r.get("seconds"),
-                          "result": _headline(n, r)} for n, r in secs.items()],
-                        ["section", "status", "s", "result"])]
+                          "wall s": r.get("wall s"), "result": _headline(n, r)}
+                         for n, r in secs.items()],
+                        ["section", "status", "s", "wall s", "result"])]
     detail = {"plain_decode": ["batch", "context", "ms/step", "GB/s", "floor ms", "floor/ms",
                                "tokens/s", "compile s", "kernels"],
               "verify": ["N", "ms", "t_V/t_1", "compile s", "kernels"],
@@ -747,11 +748,6 @@ def render(payload: dict) -> str:
 
 def run_all(smoke: bool, budget: float, only=None, out_dir: str | None = None, log=print) -> dict:
     plan = Plan(smoke)
-    try:   # this process only orchestrates: never let it claim the accelerator's memory
-        import jax
-        jax.config.update("jax_platforms", "cpu")
-    except Exception:  # noqa: BLE001 - a backend already up (e.g. called from a test) is fine
-        pass
     out_dir = out_dir or os.environ.get("OUT") or "out"
     os.makedirs(out_dir, exist_ok=True)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -834,6 +830,11 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.worker:
         return run_worker(a.worker, a.result, a.smoke, json.loads(a.context_json))
+    try:   # this process only orchestrates: never let it claim the accelerator's memory
+        import jax
+        jax.config.update("jax_platforms", "cpu")
+    except Exception:  # noqa: BLE001 - a backend already up is fine: it is never used here
+        pass
     budget = a.budget if a.budget is not None else (SMOKE_BUDGET if a.smoke else BUDGET)
     payload = run_all(a.smoke, budget, a.only, log=lambda m: print(m, flush=True))
     print()
