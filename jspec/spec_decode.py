@@ -168,7 +168,10 @@ class SpecDecoder:
         else:
             idx, n, bonus = self.walk(tree, logits, keys)
         n = jnp.where(live, n, 0)
-        cache, acc_feats = commit_accepted(cache, feats, idx, n)
+        S, N = self.shape
+        # A chain's accepted nodes are 0 .. n-1, and so are forced accepts: no KV moves.
+        cache, acc_feats = commit_accepted(cache, feats, idx, n,
+                                           contiguous=N == S + 1 or bool(self.forced_accept))
         toks, _ = emitted_tokens(tree, idx, jnp.maximum(n, 1), bonus)
         dstate = self.drafter.extend(dparams, (self.config, params), s.draft, acc_feats, toks, n)
         hist = s.accept_hist.at[jnp.arange(toks.shape[0]), n].add(live.astype(jnp.int32))

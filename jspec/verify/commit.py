@@ -11,15 +11,19 @@ from jspec.tree.build import DraftTree
 
 
 def commit_accepted(cache: kvc.PagedKVCache, hidden: jax.Array, accept_index: jax.Array,
-                    accept_len: jax.Array):
+                    accept_len: jax.Array, contiguous: bool = False):
     """``hidden [B, N, ...]`` per tree node -> ``(cache, hidden [B, S+1, ...])``.
 
     The verify pass wrote node i's KV at ``lengths + i``; the accepted nodes move to
     ``lengths + 0 .. accept_len-1`` and ``lengths`` advances. Rejected slots become
-    overshoot that later writes overwrite.
+    overshoot that later writes overwrite. ``contiguous`` (static): the accepted nodes are
+    always ``0 .. accept_len-1`` (a chain), so their KV is already in place and nothing moves.
     """
     keep = jnp.maximum(accept_index, 0)
-    cache = kvc.commit(cache, keep, accept_len)
+    if contiguous:
+        cache = kvc.advance(cache, accept_len)
+    else:
+        cache = kvc.commit(cache, keep, accept_len)
     picked = jnp.take_along_axis(hidden, keep.reshape(keep.shape + (1,) * (hidden.ndim - 2)), axis=1)
     return cache, picked
 
