@@ -64,11 +64,18 @@ def param_shardings(cfg, mesh: Mesh):
         is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
 
 
+def _is_axes(x) -> bool:
+    return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+
+
 def packed_param_shardings(cfg, mesh: Mesh, packed_shapes):
     """NamedShardings for the packed layout (:data:`jspec.llama.PACKED_AXES`)."""
     axes = {k: v for k, v in PACKED_AXES.items() if k in packed_shapes}
+    if isinstance(packed_shapes["layers"], (list, tuple)):       # per-layer weights
+        one = {k: v[1:] for k, v in PACKED_AXES["layers"].items()}
+        axes["layers"] = tuple(one for _ in packed_shapes["layers"])
     return jax.tree_util.tree_map(lambda names, s: NamedSharding(mesh, _spec(names, s.shape, mesh)),
-                                  axes, packed_shapes, is_leaf=lambda x: isinstance(x, tuple))
+                                  axes, packed_shapes, is_leaf=_is_axes)
 
 
 def pack_for_serving(cfg, params):

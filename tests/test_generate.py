@@ -131,13 +131,13 @@ def test_sampled_tokens_respect_top_k(stories, golden):
     res = jspec.generate(stories, [prompt], max_new_tokens=30, temperature=2.0, top_k=3, seed=1,
                          stop_ids=[])
     seq = prompt + res.tokens[0]
-    dec = decode.PlainDecoder(stories.config, SamplingConfig(), 1, 16, 8)
+    model = jspec.llama.Llama(stories.config)
     pt = kvc.allocate_page_table([len(seq)], 16, 8)
     cache = kvc.init_cache(5, 4, 8, pt, 8, 16)
-    hidden, _, _ = dec.model.apply({"params": stories.params}, jnp.asarray([seq]),
-                                   jnp.arange(len(seq))[None], cache)
-    logits = np.asarray(dec.model.apply({"params": stories.params}, hidden,
-                                        method=jspec.llama.Llama.logits))[0]
+    hidden, _, _ = model.apply({"params": stories.params}, jnp.asarray([seq]),
+                               jnp.arange(len(seq))[None], cache)
+    logits = np.asarray(model.apply({"params": stories.params}, hidden,
+                                    method=jspec.llama.Llama.logits))[0]
     for i, tok in enumerate(res.tokens[0]):
         top3 = np.argsort(-logits[len(prompt) - 1 + i])[:3]
         assert tok in top3
