@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: the config's natural dtype (bfloat16 for llama3-8b, else float32)")
     s.add_argument("--programs", nargs="+", default=None,
                    help="a subset of: plain_step draft verify finish iteration")
+    s.add_argument("--layout", choices=["scan", "per-layer"], default="scan",
+                   help="target weights: the stacked, scanned layer stack TPUs/GPUs run "
+                        "(default) or the per-layer weights CPUs run")
     s.add_argument("--json", metavar="OUT", help="also write the rows as JSON")
     return p
 

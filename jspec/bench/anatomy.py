@@ -90,12 +90,14 @@ COLUMNS = ["program", "kernels", "per_layer", "bytes_MB", "bytes_x", "GFLOP", "f
 
 
 # ------------------------------------------------------------------ abstract params
-def abstract_target_params(cfg: LlamaConfig):
+def abstract_target_params(cfg: LlamaConfig, stacked: bool = True):
     """Shape/dtype tree of the target's parameters in the layout the decoders run (packed
-    for serving when the model has one, as :attr:`jspec.target.Target.serving_params`), without
-    allocating them. Every target parameter path of this module goes through here."""
-    pack = getattr(llama, "pack_params", lambda cfg, p: p)
-    return jax.eval_shape(lambda k: pack(cfg, llama.init_params(cfg, k)), jax.random.key(0))
+    for serving, as :attr:`jspec.target.Target.serving_params`), without allocating them.
+    ``stacked`` (default): the scanned layer stack TPUs and GPUs run; False: the per-layer
+    weights CPUs run (see :func:`jspec.llama.default_stacked`). Every target parameter path
+    of this module goes through here."""
+    return jax.eval_shape(lambda k: llama.pack_params(cfg, llama.init_params(cfg, k), stacked),
+                          jax.random.key(0))
 
 
 def abstract_drafter(kind: str, cfg: LlamaConfig, **kw) -> Drafter:
@@ -441,11 +443,11 @@ def pool_shapes_of(state) -> dict[str, Any]:
 def anatomy(cfg: LlamaConfig, kind: str | None = "eagle3", spec: SpecConfig | None = None,
             batch: int = 8, context: int = 1024, max_new: int = 128, page_size: int = 16,
             temperature: float = 0.0, draft_vocab: int | None = None,
-            programs=None, log=None) -> dict:
+            programs=None, log=None, stacked: bool = True) -> dict:
     """Rows for the plain step and (with a drafter ``kind``) draft / verify / finish /
     iteration. ``programs``: names to compile (default all)."""
     setup = Setup(cfg, batch, context, max_new, page_size, temperature)
-    params = abstract_target_params(cfg)
+    params = abstract_target_params(cfg, stacked)
     want = lambda n: programs is None or n in programs
     rows, info = [], {}
     fn, args, donate, pstate = plain_program(setup, params)
@@ -498,8 +500,9 @@ def main(args) -> dict:
     kind = None if args.drafter in (None, "none", "plain") else args.drafter
     log = lambda m: print(m, flush=True)
     result = anatomy(cfg, kind, parse_spec(args.spec), args.batch, args.context, args.max_new,
-                     args.page_size, args.temperature, args.draft_vocab, args.programs, log=log)
-    result["info"] = {"config": name, **result["info"], "jax": jax.__version__,
+                     args.page_size, args.temperature, args.draft_vocab, args.programs, log=log,
+                     stacked=args.layout == "scan")
+    result["info"] = {"config": name, "layout": args.layout, **result["info"], "jax": jax.__version__,
                       "backend": jax.default_backend(), "load_avg": common.load_avg()}
     print(render(result, "compiled-program anatomy (counts: while/scan bodies once; "
                          "bytes/flops: XLA cost analysis)"))
