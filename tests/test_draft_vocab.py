@@ -145,12 +145,12 @@ def test_proposed_tokens_are_in_the_image(drafters, target, kind):
 
 
 # ------------------------------------------------------------------ exactness
-# Each case compiles its own program; EAGLE-3's draft vocabulary is also covered by
-# tests/test_drafter_checkpoint.py, so its chain runs with -m slow only.
+# Each case compiles its own program: the default run takes every kind's tree (the map is
+# applied to a whole candidate pool there); chains run with -m slow.
 def combos():
     for kind in KINDS:
         for mode in MODES:
-            marks = (pytest.mark.slow,) if (kind, mode) == ("eagle3", "chain") else ()
+            marks = (pytest.mark.slow,) if mode == "chain" else ()
             yield pytest.param(kind, mode, id=f"{kind}-{mode}", marks=marks)
 
 
@@ -265,7 +265,9 @@ def _losses(ds, target, data):
     return out
 
 
-@pytest.mark.parametrize("kind", ["eagle1", "mtp", "medusa"])
+# One kind in the default run (the path through the CLI is shared); the others with -m slow.
+@pytest.mark.parametrize("kind", ["eagle1", pytest.param("mtp", marks=pytest.mark.slow),
+                                  pytest.param("medusa", marks=pytest.mark.slow)])
 def test_train_cli_with_draft_vocab(train_setup, kind):
     target, data, root = train_setup
     out = root / kind
