@@ -108,7 +108,8 @@ class PlainDecoder:
     @functools.partial(jax.jit, static_argnames=("self",))
     def run(self, params, prompt, prompt_lens, page_table, stop_ids, max_new, key) -> DecodeState:
         """``params``: packed (:attr:`jspec.target.Target.serving_params`) or checkpoint
-        layout (then packed inside, once per call). ``prompt [B, T]`` right-padded; ``page_table [B, max_pages]``; ``stop_ids [B, S]``
+        layout (then packed inside, once per call). ``prompt [B, T]`` right-padded;
+        ``page_table [B, max_pages]``; ``stop_ids [B, S]``
         padded with -1; ``max_new [B]``; ``key`` one PRNG key."""
         TRACE_COUNTS["plain"] += 1
         c = self.config

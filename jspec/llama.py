@@ -1,6 +1,6 @@
 """Llama-3 target: parameters in the checkpoints' layout, one forward over a packed layout.
 
-One forward (:func:`forward`, a ``lax.scan`` over the stacked layers) handles prefill, plain decode and (later) tree verification: it takes
+One forward (:func:`forward`) handles prefill, plain decode and tree verification: it takes
 a block of ``T`` new tokens per row with explicit RoPE positions, writes their KV
 into the paged cache after each row's committed length, attends with a block mask
 (causal by default), and returns the final post-norm hidden state plus, on request,
@@ -12,8 +12,9 @@ only the positions it needs.
 Checkpoint-layout parameter names mirror Hugging Face (``layers_{i}.self_attn.q_proj``
 ...); kernels are stored ``[in, out]``; every parameter carries logical axis names for
 sharding (see :mod:`jspec.sharding`). :func:`pack_params` turns that tree into the
-serving layout once, at load time: layers stacked, q/k/v and gate/up fused, so a
-layer is a handful of kernels and checkpoint formats stay as they are.
+serving layout once, at load time: q/k/v and gate/up fused, the layers stacked and
+scanned on TPU/GPU (per-layer on CPU, see :func:`default_stacked`), so a layer is a
+handful of kernels and checkpoint formats stay as they are.
 """
 
 from __future__ import annotations
@@ -195,8 +196,8 @@ class Llama(nn.Module):
 
 
 # ------------------------------------------------------------------ packed layout
-# The serving layout: the layer stack stacked on a leading axis (the forward scans it, so
-# the compiled graph and compile time do not grow with depth), q/k/v fused into one
+# The serving layout: the layer stack stacked on a leading axis where the forward scans it
+# (the compiled graph and compile time do not grow with depth), q/k/v fused into one
 # kernel and gate/up into another (one matmul each). q/k/v are grouped by KV head,
 # ``[H, KVH, G + 2, D]`` (that KV head's G query heads, then its key, then its value), so
 # sharding the KV-head axis over a mesh keeps each head's q, k and v together.
@@ -330,10 +331,6 @@ def forward(cfg: LlamaConfig, packed, tokens, positions, cache, block_mask=None,
     x = jnp.take(packed["embed"], tokens, axis=0).astype(c.dtype)
     aux_layers = tuple(int(i) for i in aux_layers)
     A = len(aux_layers)
-    take_aux = np.zeros((L, max(A, 1)), bool)   # take_aux[i, j]: aux slot j reads layer i's input
-    for j, i in enumerate(aux_layers):
-        take_aux[i, j] = True
-
     if not is_stacked(packed):                       # per-layer weights: unrolled
         aux = {}
         for i, lp in enumerate(packed["layers"]):
@@ -342,6 +339,10 @@ def forward(cfg: LlamaConfig, packed, tokens, positions, cache, block_mask=None,
                                      attention_fn)
         aux = tuple(aux[i] for i in aux_layers)
     else:
+        take_aux = np.zeros((L, max(A, 1)), bool)   # [i, j]: aux slot j reads layer i's input
+        for j, i in enumerate(aux_layers):
+            take_aux[i, j] = True
+
         def body(carry, xs):
             x, cache, aux = carry
             lp, i, take = xs

@@ -68,7 +68,7 @@ def _is_axes(x) -> bool:
     return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
 
 
-def packed_param_shardings(cfg, mesh: Mesh, packed_shapes):
+def packed_param_shardings(mesh: Mesh, packed_shapes):
     """NamedShardings for the packed layout (:data:`jspec.llama.PACKED_AXES`)."""
     axes = {k: v for k, v in PACKED_AXES.items() if k in packed_shapes}
     if isinstance(packed_shapes["layers"], (list, tuple)):       # per-layer weights
@@ -87,7 +87,7 @@ def pack_for_serving(cfg, params):
     sharding = getattr(leaf, "sharding", None)
     if isinstance(sharding, NamedSharding):
         shapes = jax.eval_shape(pack, params)
-        out = packed_param_shardings(cfg, sharding.mesh, shapes)
+        out = packed_param_shardings(sharding.mesh, shapes)
         return jax.jit(pack, out_shardings=out)(params)
     return jax.jit(pack)(params)
 

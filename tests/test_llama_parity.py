@@ -385,3 +385,32 @@ def test_converter_matches_reference_mapping(hf_case):
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_stacked_scan_equals_per_layer():
+    """The packed layout TPUs/GPUs run (stacked layers, one lax.scan, aux states selected
+    inside the scan) gives the per-layer (CPU) forward's hidden states, aux states and KV."""
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=4,
+                      num_heads=4, num_kv_heads=2, head_dim=8)
+    raw = llama.init_params(cfg, jax.random.key(0))
+    table = np.arange(4, dtype=np.int32).reshape(2, 2)
+    cache = kvc.init_cache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, table, 4, 8)
+    toks = jax.random.randint(jax.random.key(1), (2, 5), 0, cfg.vocab_size)
+    pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
+    outs = []
+    for stacked in (True, False):
+        p = llama.pack_params(cfg, raw, stacked=stacked)
+        assert llama.is_stacked(p) == stacked
+        outs.append(jax.jit(lambda p, c: llama.forward(cfg, p, toks, pos, c,
+                                                       aux_layers=(3, 1, 1)))(p, cache))
+    (h1, a1, c1), (h2, a2, c2) = outs
+    np.testing.assert_allclose(h1, h2, rtol=1e-5, atol=1e-5)
+    assert len(a1) == len(a2) == 3
+    for x, y in zip(a1, a2):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(c1.k_pages, c2.k_pages, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(c1.v_pages, c2.v_pages, rtol=1e-5, atol=1e-5)
+    # Converting between the layouts round-trips.
+    p = llama.pack_params(cfg, llama.pack_params(cfg, raw, stacked=True), stacked=False)
+    q = llama.pack_params(cfg, raw, stacked=False)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, p, q)

@@ -260,7 +260,6 @@ class VerifyBench:
 
     def job(self, batch: int, N: int):
         import jax
-        import jax.numpy as jnp
         import numpy as np
 
         from jspec import kernels
@@ -614,24 +613,16 @@ def run_pytest(plan: Plan, timeout: float, root: str) -> dict:
     cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "slow or not slow",
            *files]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    timed_out = False
-    try:
-        text, _ = proc.communicate(timeout=max(1.0, timeout))
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill(proc)
-        text, _ = proc.communicate()
+    text, returncode, timed_out = _run_capped(cmd, timeout, root)
     outcomes = _OUTCOME.findall(text or "")
     counts = {}
     for _, o in outcomes:
         counts[o.lower()] = counts.get(o.lower(), 0) + 1
     failed = [t for t, o in outcomes if o in ("FAILED", "ERROR")]
-    out = {"status": "timeout" if timed_out else ("ok" if proc.returncode in (0, 5) and not failed
+    out = {"status": "timeout" if timed_out else ("ok" if returncode in (0, 5) and not failed
                                                   else "error"),
            "seconds": time.perf_counter() - t0, "command": " ".join(cmd), "returncode":
-           proc.returncode, "counts": counts, "failed": failed[:50],
+           returncode, "counts": counts, "failed": failed[:50],
            "ran": len(outcomes), "tail": (text or "")[-3000:],
            "what": "the kernel test files as they are: Pallas interpret mode + cross-lowering "
                    "(not the kernels compiled for the device; see the kernels section)"}
@@ -660,20 +651,24 @@ def _kill(proc) -> None:
         proc.kill()
 
 
+def _run_capped(cmd, timeout: float, root: str) -> tuple[str, int, bool]:
+    """Run ``cmd`` in its own session with stdout+stderr captured; past ``timeout`` seconds
+    kill it and its children. Returns ``(output, returncode, timed_out)``."""
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        return proc.communicate(timeout=max(1.0, timeout))[0], proc.returncode, False
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        return proc.communicate()[0], proc.returncode, True
+
+
 def _launch(name: str, smoke: bool, ctx: dict, timeout: float, root: str, tmp: str) -> dict:
     path = os.path.join(tmp, f"{name}.json")
     cmd = [sys.executable, "-m", "jspec.bench", "device", "--worker", name, "--result", path,
            "--context-json", json.dumps(ctx)] + (["--smoke"] if smoke else [])
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    timed_out = False
-    try:
-        log, _ = proc.communicate(timeout=max(1.0, timeout))
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill(proc)
-        log, _ = proc.communicate()
+    log, returncode, timed_out = _run_capped(cmd, timeout, root)
     wall = time.perf_counter() - t0
     res = None
     if os.path.exists(path):
@@ -681,7 +676,7 @@ def _launch(name: str, smoke: bool, ctx: dict, timeout: float, root: str, tmp: s
             res = json.load(f)
     if res is None:
         res = ({"status": "timeout", "error": f"killed after the {timeout:.0f}s cap"} if timed_out
-               else {"status": "error", "error": f"worker exited with code {proc.returncode} "
+               else {"status": "error", "error": f"worker exited with code {returncode} "
                                                  "and no result"})
     res["wall s"] = wall
     res["cap s"] = timeout
