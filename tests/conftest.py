@@ -1,9 +1,39 @@
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 # The repo is cloned next to shared/, which holds the real-model fixtures.
 SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+def pytest_configure(config):
+    """Most of the suite's time is XLA compilation, and many modules compile the same programs
+    (the same tiny target and drafters at the same shapes). A persistent compilation cache for
+    this run only (a fresh directory, so nothing leaks between runs and CI measures a cold
+    start) lets a program compiled once serve every later module, every xdist worker and every
+    subprocess (the CLI and notebook tests inherit the environment). Set JSPEC_TEST_JAX_CACHE
+    to reuse a directory across runs."""
+    # XLA:CPU spends most of a test's compile in LLVM; the test models are tiny, so its
+    # optimisations buy nothing at run time. The HLO (fusion, layout, what the anatomy counts)
+    # is the same; only machine-code optimisation is skipped. JSPEC_TEST_FULL_OPT=1 turns this
+    # off. Subprocesses inherit it; tests that set XLA_FLAGS themselves append to it.
+    if not os.environ.get("JSPEC_TEST_FULL_OPT"):
+        fast = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {fast}".strip()
+    cache = os.environ.get("JSPEC_TEST_JAX_CACHE")
+    if not cache:
+        # xdist workers inherit the controller's environment, so they share its directory.
+        cache = os.environ.setdefault("JSPEC_TEST_JAX_CACHE_RUN",
+                                      tempfile.mkdtemp(prefix="jspec-jax-cache-"))
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = cache
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    import jax
+    jax.config.update("jax_compilation_cache_dir", cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 @pytest.fixture(scope="session")

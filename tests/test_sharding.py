@@ -45,7 +45,8 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_sharded_decoding_matches_unsharded(stories_dir):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
+    env = dict(os.environ, XLA_FLAGS=flags.strip(),
                JAX_PLATFORMS="cpu")
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(stories_dir)], env=env, cwd=root,
