@@ -73,6 +73,14 @@ class SpecDecoder:
     mesh: Any = None
     kernels: str = "reference"       # see jspec.kernels
 
+    def __post_init__(self):
+        # One attention implementation for the target and the drafter: a drafter with an
+        # attention layer runs the decoder's mode (its committed blocks are square windows the
+        # tree-attention kernel serves; its tree loop's wider window stays on XLA).
+        d = self.drafter
+        if getattr(d, "attention", self.kernels) != self.kernels:
+            object.__setattr__(self, "drafter", dataclasses.replace(d, attention=self.kernels))
+
     @property
     def shape(self) -> tuple[int, int]:
         return tree_shape(self.drafter, self.spec)

@@ -44,3 +44,41 @@ def test_kernel_modes_are_checked_before_compiling(setup):
         jspec.generate(target, prompts, kernels="pallas")
     with pytest.raises(ValueError, match="choose one of"):
         jspec.generate(target, prompts, kernels="fast")
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3", "mtp"])
+def test_drafter_attention_follows_the_decoder_kernels(setup, kind):
+    """kernels= reaches the drafter: its committed blocks (prefill, extend) run the tree-attention
+    kernel, and the draft is the one the reference attention gives."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jspec import kv_cache as kvc
+    from jspec.sampling import SamplingConfig
+    from jspec.spec_decode import SpecDecoder
+
+    target, _, _ = setup
+    d = random_drafter(kind, target.config, jax.random.key(1))
+    dec = {m: SpecDecoder(target.config, d.module, SpecConfig(3, 2, 5), SamplingConfig(), 8, 16, 8,
+                          kernels=m) for m in ("reference", "pallas_interpret")}
+    assert dec["pallas_interpret"].drafter.attention == "pallas_interpret"
+    assert dec["reference"].drafter == d.module      # the runtime field leaves equality alone
+
+    c, B, T = target.config, 2, 6
+    width = (3 if d.module.feature_source == "aux" else 1) * c.hidden_size
+    feats = jax.random.normal(jax.random.key(2), (B, T, width))
+    toks = jax.random.randint(jax.random.key(3), (B, T), 0, c.vocab_size)
+    table = jnp.arange(B * 2, dtype=jnp.int32).reshape(B, 2)
+
+    def extend(m):
+        dr = dec[m].drafter
+        st = dr.init_state(B, table, B * 2, 16)
+        return dr.extend(d.params, (c, target.params), st, feats, toks, jnp.array([T, 4]))
+
+    jaxpr = str(jax.make_jaxpr(lambda: extend("pallas_interpret"))())
+    assert "pallas_call" in jaxpr
+    assert "pallas_call" not in str(jax.make_jaxpr(lambda: extend("reference"))())
+    got, ref = extend("pallas_interpret"), extend("reference")
+    np.testing.assert_allclose(got.logits, ref.logits, atol=2e-4, rtol=2e-4)
+    np.testing.assert_allclose(kvc.read_layer(got.cache, 0)[0], kvc.read_layer(ref.cache, 0)[0],
+                               atol=1e-5)

@@ -83,6 +83,11 @@ class RecurrentDrafter:
 
     layer: LlamaConfig          # the drafter's decoder layer (num_layers = 1)
     target_vocab: int
+    # The attention implementation (a concrete jspec.kernels mode). A run-time choice, not part
+    # of the architecture: the decoder sets it to its own mode (SpecDecoder), so
+    # kernels="pallas" serves the drafter's committed blocks as well as the target; it is not
+    # saved with checkpoints.
+    attention: str = dataclasses.field(default="reference", metadata={"runtime": True})
 
     kind = "recurrent"
     feature_source = "final"    # "final": target's post-norm hidden; "aux": concat of aux states

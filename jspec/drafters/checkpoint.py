@@ -549,7 +549,8 @@ def _check_table_covers(module, table, expected, extra) -> None:
 
 # ------------------------------------------------------------------ Orbax format
 def _module_fields(module) -> dict:
-    return {f.name: getattr(module, f.name) for f in dataclasses.fields(module) if f.name != "layer"}
+    return {f.name: getattr(module, f.name) for f in dataclasses.fields(module)
+            if f.name != "layer" and not f.metadata.get("runtime")}
 
 
 def save_drafter(drafter: Drafter, path: str | os.PathLike, overwrite: bool = False) -> None:

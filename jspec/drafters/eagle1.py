@@ -25,13 +25,14 @@ import jax.numpy as jnp
 from jspec.config import LlamaConfig
 from jspec.drafters.base import RecurrentDrafter, target_embedding, target_head
 from jspec.drafters.vocab import DraftVocab, check_draft_vocab
+from jspec.kernels import attention_fn
 from jspec.llama import MLP, Attention, RMSNorm
-from jspec.attention import paged_attention_ref
 
 
 class Eagle1Net(nn.Module):
     cfg: LlamaConfig
     fc_bias: bool = False
+    attention: str = "reference"       # a concrete jspec.kernels mode
 
     @nn.compact
     def __call__(self, emb, feats, positions, cache, block_mask, valid, offset):
@@ -40,7 +41,7 @@ class Eagle1Net(nn.Module):
                       kernel_init=nn.initializers.normal(0.02), name="fc")
         x = fc(jnp.concatenate([emb, feats.astype(emb.dtype)], -1))
         h, cache = Attention(c, name="self_attn")(x, positions, cache, 0, block_mask, valid,
-                                                  paged_attention_ref, offset)
+                                                  attention_fn(self.attention), offset)
         x = x + h
         x = x + MLP(c, name="mlp")(RMSNorm(c.hidden_size, c.rms_norm_eps, c.dtype,
                                            name="post_attention_layernorm")(x))
@@ -59,7 +60,7 @@ class Eagle1(DraftVocab, RecurrentDrafter):
 
     @property
     def net(self):
-        return Eagle1Net(self.layer, self.fc_bias)
+        return Eagle1Net(self.layer, self.fc_bias, self.attention)
 
     def init_params(self, key, target_cfg):
         emb, feats, pos, cache = self._dummy(target_cfg, target_cfg.hidden_size)

@@ -22,8 +22,8 @@ import dataclasses
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jspec.attention import paged_attention_ref
 from jspec.config import LlamaConfig
+from jspec.kernels import attention_fn
 from jspec.drafters.base import DrafterMismatchError, RecurrentDrafter, target_embedding
 from jspec.drafters.vocab import DraftVocab, check_d2t, check_draft_vocab
 from jspec.llama import MLP, Attention, RMSNorm, _dense
@@ -39,6 +39,7 @@ class Eagle3Net(nn.Module):
     draft_vocab: int
     fc_norm: str = "none"              # "none" | "full" | "per_chunk"
     norm_before_residual: bool = False
+    attention: str = "reference"       # a concrete jspec.kernels mode
 
     @nn.compact
     def __call__(self, emb, feats, from_target: bool, positions, cache, block_mask, valid, offset):
@@ -58,7 +59,7 @@ class Eagle3Net(nn.Module):
         residual = hn if self.norm_before_residual else h
         x = jnp.concatenate([norm(H, "input_layernorm")(emb), hn], -1)
         a, cache = Attention(c, name="self_attn")(x, positions, cache, 0, block_mask, valid,
-                                                  paged_attention_ref, offset)
+                                                  attention_fn(self.attention), offset)
         x = residual + a
         out = x + MLP(c, name="mlp")(norm(H, "post_attention_layernorm")(x))
         logits = _dense(self.draft_vocab, ("embed", "vocab"), c, "lm_head")(norm(H, "norm")(out))
@@ -80,7 +81,8 @@ class Eagle3(DraftVocab, RecurrentDrafter):
 
     @property
     def net(self):
-        return Eagle3Net(self.layer, self.draft_vocab, self.fc_norm, self.norm_before_residual)
+        return Eagle3Net(self.layer, self.draft_vocab, self.fc_norm, self.norm_before_residual,
+                         self.attention)
 
     def init_params(self, key, target_cfg):
         emb, feats, pos, cache = self._dummy(target_cfg, 3 * target_cfg.hidden_size)

@@ -31,10 +31,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jspec.attention import paged_attention_ref
 from jspec.config import LlamaConfig
 from jspec.drafters.base import DrafterMismatchError, RecurrentDrafter, target_embedding, target_head
 from jspec.drafters.vocab import DraftVocab, check_draft_vocab
+from jspec.kernels import attention_fn
 from jspec.llama import DecoderLayer, RMSNorm, _dense
 
 
@@ -43,6 +43,7 @@ class MTPModule(nn.Module):
     own_head: bool
     vocab: int
     layer_index: int = 0
+    attention: str = "reference"       # a concrete jspec.kernels mode
 
     @nn.compact
     def __call__(self, emb, feats, positions, cache, block_mask, valid, offset, head=None):
@@ -53,7 +54,7 @@ class MTPModule(nn.Module):
         x = _dense(H, ("embed", "embed"), c, "eh_proj")(
             jnp.concatenate([norm("enorm")(emb), norm("hnorm")(feats.astype(c.dtype))], -1))
         x, cache = DecoderLayer(c, name="block")(x, positions, cache, self.layer_index, block_mask,
-                                                valid, paged_attention_ref, offset)
+                                                valid, attention_fn(self.attention), offset)
         hn = norm("shared_head_norm")(x)
         if self.own_head:
             logits = _dense(self.vocab, ("embed", "vocab"), c, "shared_head_head")(hn)
@@ -89,7 +90,7 @@ class MTP(DraftVocab, RecurrentDrafter):
         return self.num_modules
 
     def module(self, m: int) -> MTPModule:
-        return MTPModule(self.layer, self.own_head, self.draft_vocab, m)
+        return MTPModule(self.layer, self.own_head, self.draft_vocab, m, self.attention)
 
     def init_params(self, key, target_cfg):
         emb, feats, pos, cache = self._dummy(target_cfg, target_cfg.hidden_size)
