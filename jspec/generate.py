@@ -191,9 +191,10 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
         iters = state.num_generated
         hist = None
     else:
-        dec = SpecDecoder(target.config, drafter.module, spec, sampling, cap_new, page_size,
+        served = drafter.serving          # validated above in its checkpoint layout
+        dec = SpecDecoder(target.config, served.module, spec, sampling, cap_new, page_size,
                           num_pages, float(forced_accept), mesh, kernels)
-        args = (target.serving_params, drafter.params, prompt_d, lens_d, table_d, table_d, stop_d,
+        args = (target.serving_params, served.params, prompt_d, lens_d, table_d, table_d, stop_d,
                 limits_d, key)
         if profile:
             state, prof = dec.profile(*args)

@@ -46,7 +46,8 @@ def test_kernel_modes_are_checked_before_compiling(setup):
         jspec.generate(target, prompts, kernels="fast")
 
 
-@pytest.mark.parametrize("kind", ["eagle1", "eagle3", "mtp"])
+@pytest.mark.parametrize("kind", [pytest.param("eagle1", marks=pytest.mark.slow), "eagle3",
+                                  pytest.param("mtp", marks=pytest.mark.slow)])
 def test_drafter_attention_follows_the_decoder_kernels(setup, kind):
     """kernels= reaches the drafter: its committed blocks (prefill, extend) run the tree-attention
     kernel, and the draft is the one the reference attention gives."""

@@ -226,6 +226,7 @@ def micro_costs(target: Target, context: int, repeats: int = 20, page_size: int 
 
     cfg, params = target.config, target.serving_params
     d = drafter if drafter is not None else sim_drafter(target.config, seed=seed)
+    d = d.serving                 # the layout generate runs
     m = d.module
     rng = np.random.default_rng(seed)
     maxN = max(sp.num_draft_tokens for sp in specs)

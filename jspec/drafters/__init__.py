@@ -4,6 +4,7 @@ EAGLE-3, MTP, and an oracle for tests and benchmarks."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -36,6 +37,14 @@ class Drafter:
     @property
     def kind(self) -> str:
         return self.module.kind
+
+    @functools.cached_property
+    def serving(self) -> "Drafter":
+        """The drafter in its serving layout (made once, kept): what :func:`jspec.generate`
+        runs. Kinds without one (Medusa, the oracle) are returned as they are."""
+        if not hasattr(self.module, "serving"):
+            return self
+        return Drafter(*self.module.serving(self.params))
 
     @property
     def default_spec(self) -> SpecConfig | None:

@@ -23,27 +23,27 @@ import jax
 import jax.numpy as jnp
 
 from jspec.config import LlamaConfig
-from jspec.drafters.base import RecurrentDrafter, target_embedding, target_head
+from jspec.drafters.base import RecurrentDrafter, target_embedding, target_head_out_major
 from jspec.drafters.vocab import DraftVocab, check_draft_vocab
 from jspec.kernels import attention_fn
-from jspec.llama import MLP, Attention, RMSNorm
+from jspec.llama import MLP, Attention, RMSNorm, _dense, _precision, linear
 
 
 class Eagle1Net(nn.Module):
     cfg: LlamaConfig
     fc_bias: bool = False
     attention: str = "reference"       # a concrete jspec.kernels mode
+    out_major: bool = False            # kernels held [out, in] (serving; see Linear)
 
     @nn.compact
     def __call__(self, emb, feats, positions, cache, block_mask, valid, offset):
         c = self.cfg
-        fc = nn.Dense(c.hidden_size, use_bias=self.fc_bias, dtype=c.dtype, param_dtype=c.dtype,
-                      kernel_init=nn.initializers.normal(0.02), name="fc")
+        fc = _dense(c.hidden_size, ("embed", "embed"), c, "fc", self.out_major, self.fc_bias)
         x = fc(jnp.concatenate([emb, feats.astype(emb.dtype)], -1))
-        h, cache = Attention(c, name="self_attn")(x, positions, cache, 0, block_mask, valid,
+        h, cache = Attention(c, self.out_major, name="self_attn")(x, positions, cache, 0, block_mask, valid,
                                                   attention_fn(self.attention), offset)
         x = x + h
-        x = x + MLP(c, name="mlp")(RMSNorm(c.hidden_size, c.rms_norm_eps, c.dtype,
+        x = x + MLP(c, self.out_major, name="mlp")(RMSNorm(c.hidden_size, c.rms_norm_eps, c.dtype,
                                            name="post_attention_layernorm")(x))
         return x, cache
 
@@ -60,7 +60,7 @@ class Eagle1(DraftVocab, RecurrentDrafter):
 
     @property
     def net(self):
-        return Eagle1Net(self.layer, self.fc_bias, self.attention)
+        return Eagle1Net(self.layer, self.fc_bias, self.attention, self.out_major)
 
     def init_params(self, key, target_cfg):
         emb, feats, pos, cache = self._dummy(target_cfg, target_cfg.hidden_size)
@@ -81,7 +81,10 @@ class Eagle1(DraftVocab, RecurrentDrafter):
         emb = target_embedding(target_params)[tokens]
         out, cache = self.net.apply({"params": params["net"]}, emb, feats, positions, cache,
                                     block_mask, valid, offset)
-        head = (params["lm_head"]["kernel"] if self.vocab_size
-                else target_head(target_cfg, target_params))
-        logits = (out @ head.astype(out.dtype)).astype(jnp.float32)
+        if self.vocab_size:       # own head: [H, Vd] in checkpoints, [Vd, H] when out-major
+            head = params["lm_head"]["kernel"]
+            head = head if self.out_major else head.T
+        else:
+            head = target_head_out_major(target_cfg, target_params)
+        logits = linear(out, head.astype(out.dtype), _precision(self.layer)).astype(jnp.float32)
         return out, logits, cache

@@ -40,6 +40,7 @@ class Eagle3Net(nn.Module):
     fc_norm: str = "none"              # "none" | "full" | "per_chunk"
     norm_before_residual: bool = False
     attention: str = "reference"       # a concrete jspec.kernels mode
+    out_major: bool = False            # kernels held [out, in] (serving; see Linear)
 
     @nn.compact
     def __call__(self, emb, feats, from_target: bool, positions, cache, block_mask, valid, offset):
@@ -52,17 +53,18 @@ class Eagle3Net(nn.Module):
             elif self.fc_norm == "per_chunk":
                 feats = jnp.concatenate([norm(H, f"fc_norm_{i}")(feats[..., i * H:(i + 1) * H])
                                          for i in range(3)], -1)
-            h = _dense(H, ("embed", "embed"), c, "fc")(feats.astype(c.dtype))
+            h = _dense(H, ("embed", "embed"), c, "fc", self.out_major)(feats.astype(c.dtype))
         else:
             h = feats
         hn = norm(H, "hidden_norm")(h)
         residual = hn if self.norm_before_residual else h
         x = jnp.concatenate([norm(H, "input_layernorm")(emb), hn], -1)
-        a, cache = Attention(c, name="self_attn")(x, positions, cache, 0, block_mask, valid,
+        a, cache = Attention(c, self.out_major, name="self_attn")(x, positions, cache, 0, block_mask, valid,
                                                   attention_fn(self.attention), offset)
         x = residual + a
-        out = x + MLP(c, name="mlp")(norm(H, "post_attention_layernorm")(x))
-        logits = _dense(self.draft_vocab, ("embed", "vocab"), c, "lm_head")(norm(H, "norm")(out))
+        out = x + MLP(c, self.out_major, name="mlp")(norm(H, "post_attention_layernorm")(x))
+        logits = _dense(self.draft_vocab, ("embed", "vocab"), c, "lm_head",
+                        self.out_major)(norm(H, "norm")(out))
         return out, logits.astype(jnp.float32), cache
 
 
@@ -82,7 +84,7 @@ class Eagle3(DraftVocab, RecurrentDrafter):
     @property
     def net(self):
         return Eagle3Net(self.layer, self.draft_vocab, self.fc_norm, self.norm_before_residual,
-                         self.attention)
+                         self.attention, self.out_major)
 
     def init_params(self, key, target_cfg):
         emb, feats, pos, cache = self._dummy(target_cfg, 3 * target_cfg.hidden_size)

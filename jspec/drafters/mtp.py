@@ -32,10 +32,11 @@ import jax
 import jax.numpy as jnp
 
 from jspec.config import LlamaConfig
-from jspec.drafters.base import DrafterMismatchError, RecurrentDrafter, target_embedding, target_head
+from jspec.drafters.base import (DrafterMismatchError, RecurrentDrafter, target_embedding,
+                                 target_head_out_major)
 from jspec.drafters.vocab import DraftVocab, check_draft_vocab
 from jspec.kernels import attention_fn
-from jspec.llama import DecoderLayer, RMSNorm, _dense
+from jspec.llama import DecoderLayer, RMSNorm, _dense, _precision, linear
 
 
 class MTPModule(nn.Module):
@@ -44,6 +45,7 @@ class MTPModule(nn.Module):
     vocab: int
     layer_index: int = 0
     attention: str = "reference"       # a concrete jspec.kernels mode
+    out_major: bool = False            # kernels held [out, in] (serving; see Linear)
 
     @nn.compact
     def __call__(self, emb, feats, positions, cache, block_mask, valid, offset, head=None):
@@ -51,15 +53,16 @@ class MTPModule(nn.Module):
         H = c.hidden_size
         norm = lambda name: RMSNorm(H, c.rms_norm_eps, c.dtype, name=name)
         emb = jnp.where((positions == 0)[..., None], 0, emb)
-        x = _dense(H, ("embed", "embed"), c, "eh_proj")(
+        x = _dense(H, ("embed", "embed"), c, "eh_proj", self.out_major)(
             jnp.concatenate([norm("enorm")(emb), norm("hnorm")(feats.astype(c.dtype))], -1))
-        x, cache = DecoderLayer(c, name="block")(x, positions, cache, self.layer_index, block_mask,
+        x, cache = DecoderLayer(c, self.out_major, name="block")(x, positions, cache, self.layer_index, block_mask,
                                                 valid, attention_fn(self.attention), offset)
         hn = norm("shared_head_norm")(x)
         if self.own_head:
-            logits = _dense(self.vocab, ("embed", "vocab"), c, "shared_head_head")(hn)
+            logits = _dense(self.vocab, ("embed", "vocab"), c, "shared_head_head",
+                            self.out_major)(hn)
         else:
-            logits = hn @ head.astype(hn.dtype)
+            logits = linear(hn, head.astype(hn.dtype), _precision(c))   # head: [V, H]
         return x, logits.astype(jnp.float32), cache
 
 
@@ -90,11 +93,12 @@ class MTP(DraftVocab, RecurrentDrafter):
         return self.num_modules
 
     def module(self, m: int) -> MTPModule:
-        return MTPModule(self.layer, self.own_head, self.draft_vocab, m, self.attention)
+        return MTPModule(self.layer, self.own_head, self.draft_vocab, m, self.attention,
+                         self.out_major)
 
     def init_params(self, key, target_cfg):
         emb, feats, pos, cache = self._dummy(target_cfg, target_cfg.hidden_size)
-        head = jnp.zeros((target_cfg.hidden_size, target_cfg.vocab_size), self.layer.dtype)
+        head = jnp.zeros((target_cfg.vocab_size, target_cfg.hidden_size), self.layer.dtype)
         keys = jax.random.split(key, self.num_modules)
         return {"net": {f"module_{m}": self.module(m).init(
             keys[m], emb, feats, pos, cache, None, None, 0, head)["params"]
@@ -103,7 +107,7 @@ class MTP(DraftVocab, RecurrentDrafter):
     def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
                   cache, block_mask, valid, offset):
         emb = target_embedding(target_params)[tokens]
-        head = None if self.own_head else target_head(target_cfg, target_params)
+        head = None if self.own_head else target_head_out_major(target_cfg, target_params)
 
         def run(m, cache):
             return self.module(m).apply({"params": params["net"][f"module_{m}"]}, emb, feats,
