@@ -88,7 +88,8 @@ class Linear(nn.Module):
         y = linear(x, kernel.astype(dt), prec) if self.out_major else jnp.einsum(
             "...k,kn->...n", x, kernel.astype(dt), precision=prec)
         if self.use_bias:
-            y = y + self.param("bias", nn.initializers.zeros_init(), (self.features,), dt).astype(dt)
+            bias = self.param("bias", nn.initializers.zeros_init(), (self.features,), dt)
+            y = y + bias.astype(dt)
         return y
 
 
@@ -297,7 +298,8 @@ def pack_params(cfg: LlamaConfig, params, stacked: bool | None = None) -> dict:
             "qkv": jnp.moveaxis(qkv, 0, -1),                                   # [KVH, G+2, D, H]
             "o": a["o_proj"]["kernel"].T,                                      # [H, Hq*D]
             "ln2": lp["post_attention_layernorm"]["scale"],
-            "gate_up": jnp.stack([m["gate_proj"]["kernel"].T, m["up_proj"]["kernel"].T]),  # [2, I, H]
+            "gate_up": jnp.stack([m["gate_proj"]["kernel"].T,                  # [2, I, H]
+                                  m["up_proj"]["kernel"].T]),
             "down": m["down_proj"]["kernel"].T,                                # [H, I]
         }
 

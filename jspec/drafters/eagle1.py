@@ -40,11 +40,11 @@ class Eagle1Net(nn.Module):
         c = self.cfg
         fc = _dense(c.hidden_size, ("embed", "embed"), c, "fc", self.out_major, self.fc_bias)
         x = fc(jnp.concatenate([emb, feats.astype(emb.dtype)], -1))
-        h, cache = Attention(c, self.out_major, name="self_attn")(x, positions, cache, 0, block_mask, valid,
-                                                  attention_fn(self.attention), offset)
+        h, cache = Attention(c, self.out_major, name="self_attn")(
+            x, positions, cache, 0, block_mask, valid, attention_fn(self.attention), offset)
         x = x + h
-        x = x + MLP(c, self.out_major, name="mlp")(RMSNorm(c.hidden_size, c.rms_norm_eps, c.dtype,
-                                           name="post_attention_layernorm")(x))
+        x = x + MLP(c, self.out_major, name="mlp")(
+            RMSNorm(c.hidden_size, c.rms_norm_eps, c.dtype, name="post_attention_layernorm")(x))
         return x, cache
 
 

@@ -59,8 +59,8 @@ class Eagle3Net(nn.Module):
         hn = norm(H, "hidden_norm")(h)
         residual = hn if self.norm_before_residual else h
         x = jnp.concatenate([norm(H, "input_layernorm")(emb), hn], -1)
-        a, cache = Attention(c, self.out_major, name="self_attn")(x, positions, cache, 0, block_mask, valid,
-                                                  attention_fn(self.attention), offset)
+        a, cache = Attention(c, self.out_major, name="self_attn")(
+            x, positions, cache, 0, block_mask, valid, attention_fn(self.attention), offset)
         x = residual + a
         out = x + MLP(c, self.out_major, name="mlp")(norm(H, "post_attention_layernorm")(x))
         logits = _dense(self.draft_vocab, ("embed", "vocab"), c, "lm_head",

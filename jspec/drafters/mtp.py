@@ -55,8 +55,9 @@ class MTPModule(nn.Module):
         emb = jnp.where((positions == 0)[..., None], 0, emb)
         x = _dense(H, ("embed", "embed"), c, "eh_proj", self.out_major)(
             jnp.concatenate([norm("enorm")(emb), norm("hnorm")(feats.astype(c.dtype))], -1))
-        x, cache = DecoderLayer(c, self.out_major, name="block")(x, positions, cache, self.layer_index, block_mask,
-                                                valid, attention_fn(self.attention), offset)
+        x, cache = DecoderLayer(c, self.out_major, name="block")(
+            x, positions, cache, self.layer_index, block_mask, valid, attention_fn(self.attention),
+            offset)
         hn = norm("shared_head_norm")(x)
         if self.own_head:
             logits = _dense(self.vocab, ("embed", "vocab"), c, "shared_head_head",
