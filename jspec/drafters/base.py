@@ -61,15 +61,6 @@ def target_embedding(target_params) -> jax.Array:
     return target_params["embed_tokens"]["embedding"]
 
 
-def target_head(target_cfg: LlamaConfig, target_params) -> jax.Array:
-    """``[H, V]`` LM head of the target (the transposed embedding when tied)."""
-    if target_cfg.tie_word_embeddings:
-        return target_embedding(target_params).T
-    if is_packed(target_params):
-        return target_params["lm_head"].T          # packed heads are output-major [V, H]
-    return target_params["lm_head"]["kernel"]
-
-
 def target_head_out_major(target_cfg: LlamaConfig, target_params) -> jax.Array:
     """``[V, H]``: the target's LM head as :func:`jspec.llama.linear` takes it (no copy for
     packed serving params or a tied embedding)."""
@@ -78,6 +69,11 @@ def target_head_out_major(target_cfg: LlamaConfig, target_params) -> jax.Array:
     if is_packed(target_params):
         return target_params["lm_head"]
     return target_params["lm_head"]["kernel"].T
+
+
+def target_head(target_cfg: LlamaConfig, target_params) -> jax.Array:
+    """``[H, V]`` LM head of the target (the transposed embedding when tied)."""
+    return target_head_out_major(target_cfg, target_params).T
 
 
 @struct.dataclass

@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from jspec.config import LlamaConfig
-from jspec.drafters.base import RecurrentDrafter, target_embedding, target_head_out_major
+from jspec.drafters.base import (RecurrentDrafter, target_embedding, target_head,
+                                 target_head_out_major)
 from jspec.drafters.vocab import DraftVocab, check_draft_vocab
 from jspec.kernels import attention_fn
 from jspec.llama import MLP, Attention, RMSNorm, _dense, _precision, linear
@@ -81,10 +82,14 @@ class Eagle1(DraftVocab, RecurrentDrafter):
         emb = target_embedding(target_params)[tokens]
         out, cache = self.net.apply({"params": params["net"]}, emb, feats, positions, cache,
                                     block_mask, valid, offset)
-        if self.vocab_size:       # own head: [H, Vd] in checkpoints, [Vd, H] when out-major
-            head = params["lm_head"]["kernel"]
-            head = head if self.out_major else head.T
+        # The own head is [H, Vd] in checkpoints and [Vd, H] out-major; each layout gets its own
+        # product (a transposed view under `linear` would be folded into the slow CPU form).
+        if self.out_major:
+            head = (params["lm_head"]["kernel"] if self.vocab_size
+                    else target_head_out_major(target_cfg, target_params))
+            logits = linear(out, head.astype(out.dtype), _precision(self.layer))
         else:
-            head = target_head_out_major(target_cfg, target_params)
-        logits = linear(out, head.astype(out.dtype), _precision(self.layer)).astype(jnp.float32)
-        return out, logits, cache
+            head = (params["lm_head"]["kernel"] if self.vocab_size
+                    else target_head(target_cfg, target_params))
+            logits = out @ head.astype(out.dtype)
+        return out, logits.astype(jnp.float32), cache

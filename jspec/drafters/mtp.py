@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 from jspec.config import LlamaConfig
 from jspec.drafters.base import (DrafterMismatchError, RecurrentDrafter, target_embedding,
-                                 target_head_out_major)
+                                 target_head, target_head_out_major)
 from jspec.drafters.vocab import DraftVocab, check_draft_vocab
 from jspec.kernels import attention_fn
 from jspec.llama import DecoderLayer, RMSNorm, _dense, _precision, linear
@@ -63,7 +63,9 @@ class MTPModule(nn.Module):
             logits = _dense(self.vocab, ("embed", "vocab"), c, "shared_head_head",
                             self.out_major)(hn)
         else:
-            logits = linear(hn, head.astype(hn.dtype), _precision(c))   # head: [V, H]
+            # The target's head: [V, H] out-major, else [H, V] (see MTP.net_apply).
+            logits = (linear(hn, head.astype(hn.dtype), _precision(c)) if self.out_major
+                      else hn @ head.astype(hn.dtype))
         return x, logits.astype(jnp.float32), cache
 
 
@@ -99,7 +101,8 @@ class MTP(DraftVocab, RecurrentDrafter):
 
     def init_params(self, key, target_cfg):
         emb, feats, pos, cache = self._dummy(target_cfg, target_cfg.hidden_size)
-        head = jnp.zeros((target_cfg.vocab_size, target_cfg.hidden_size), self.layer.dtype)
+        V, H = target_cfg.vocab_size, target_cfg.hidden_size
+        head = jnp.zeros((V, H) if self.out_major else (H, V), self.layer.dtype)
         keys = jax.random.split(key, self.num_modules)
         return {"net": {f"module_{m}": self.module(m).init(
             keys[m], emb, feats, pos, cache, None, None, 0, head)["params"]
@@ -108,7 +111,10 @@ class MTP(DraftVocab, RecurrentDrafter):
     def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
                   cache, block_mask, valid, offset):
         emb = target_embedding(target_params)[tokens]
-        head = None if self.own_head else target_head_out_major(target_cfg, target_params)
+        head = None
+        if not self.own_head:
+            head = (target_head_out_major if self.out_major else target_head)(target_cfg,
+                                                                              target_params)
 
         def run(m, cache):
             return self.module(m).apply({"params": params["net"][f"module_{m}"]}, emb, feats,
