@@ -20,6 +20,7 @@ handful of kernels and checkpoint formats stay as they are.
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable, Sequence
 
 import flax.linen as nn
@@ -258,11 +259,23 @@ def is_stacked(packed) -> bool:
     return isinstance(packed["layers"], dict)
 
 
+STACKED_ENV = "JSPEC_STACKED_LAYERS"
+
+
 def default_stacked() -> bool:
     """Scan the layer stack except on CPU. XLA:CPU copies a scanned layer's weight slice
     before each matmul (it cannot read a dynamic slice in place), which made a 100M-parameter
     decode step 2.4x slower (80 ms vs 33 ms, measured here); on TPU and GPU the slice is read
-    in place and the scan keeps the compiled graph and compile time independent of depth."""
+    in place and the scan keeps the compiled graph and compile time independent of depth.
+
+    ``JSPEC_STACKED_LAYERS=1`` (or ``0``) overrides the backend's choice. The test suite sets
+    it: its tiny models run in no time either way, and the scan compiles faster (a stories260K
+    EAGLE-3 generate: 7.2 s -> 5.8 s here)."""
+    env = os.environ.get(STACKED_ENV, "").strip().lower()
+    if env:
+        if env not in ("0", "1", "true", "false"):
+            raise ValueError(f"{STACKED_ENV}={env!r}: expected 1 or 0")
+        return env in ("1", "true")
     return jax.default_backend() != "cpu"
 
 

@@ -39,6 +39,10 @@ BATCH, CONTEXT = 2, 64
 TREE, CHAIN = SpecConfig(5, 4, 8), SpecConfig(4, 1, 5)
 
 
+# The programs users get, whatever XLA_FLAGS the test run sets (see anatomy.DEFAULT_CPU_OPTIONS).
+OPTIONS = anatomy.DEFAULT_CPU_OPTIONS if jax.default_backend() == "cpu" else None
+
+
 def _rows(result):
     return {r["program"]: r for r in result["rows"]}
 
@@ -46,12 +50,13 @@ def _rows(result):
 @pytest.fixture(scope="module")
 def tree():
     return _rows(anatomy.anatomy(CFG, "eagle3", TREE, BATCH, CONTEXT,
-                                 programs=("plain_step", "iteration")))
+                                 programs=("plain_step", "iteration"), compiler_options=OPTIONS))
 
 
 @pytest.fixture(scope="module")
 def chain(tree):
-    rows = _rows(anatomy.anatomy(CFG, "eagle3", CHAIN, BATCH, CONTEXT, programs=("iteration",)))
+    rows = _rows(anatomy.anatomy(CFG, "eagle3", CHAIN, BATCH, CONTEXT, programs=("iteration",),
+                                 compiler_options=OPTIONS))
     base = tree["plain_step"]           # the plain step does not depend on the spec knobs
     rows["iteration"]["bytes_x"] = rows["iteration"]["bytes"] / base["bytes"]
     return {"plain_step": base, **rows}

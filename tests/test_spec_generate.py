@@ -66,6 +66,13 @@ def test_greedy_identical_to_plain(stories, drafters, kind, mode, size):
         assert sum(st["accept_hist"]) == st["iterations"]
 
 
+def test_greedy_identical_to_plain_per_layer_stack(stories, drafters, monkeypatch):
+    """The layout CPU users run by default (the suite scans the stack, see conftest)."""
+    from jspec import llama
+    monkeypatch.setenv(llama.STACKED_ENV, "0")
+    test_greedy_identical_to_plain(stories, drafters, "eagle3", "default", 4)
+
+
 def oracle_for(target, prompts, cases_rows, limits, max_len=256):
     """The target's own greedy continuation, as the oracle's known future (longer than the
     limits, so the last iteration's drafts are right too)."""

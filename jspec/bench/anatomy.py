@@ -329,10 +329,12 @@ def _memory(compiled) -> dict:
 
 
 def analyse(name: str, fn: Callable, args: tuple, donate=(), pool_shapes=(),
-            num_layers: int = 1) -> dict:
-    """Compile ``fn(*args)`` (abstract args) and read its anatomy into one table row."""
+            num_layers: int = 1, compiler_options: dict | None = None) -> dict:
+    """Compile ``fn(*args)`` (abstract args) and read its anatomy into one table row.
+    ``compiler_options``: XLA debug options for this compile only (they override
+    ``XLA_FLAGS``; see :data:`DEFAULT_CPU_OPTIONS`)."""
     t0 = time.perf_counter()
-    compiled = jax.jit(fn, donate_argnums=tuple(donate)).lower(*args).compile()
+    compiled = jax.jit(fn, donate_argnums=tuple(donate)).lower(*args).compile(compiler_options)
     compile_s = time.perf_counter() - t0
     text = compiled.as_text()
     k = count_kernels(text, pool_shapes)
@@ -345,6 +347,13 @@ def analyse(name: str, fn: Callable, args: tuple, donate=(), pool_shapes=(),
                arg_MB=mb(row["arg_bytes"]), out_MB=mb(row["out_bytes"]),
                alias_MB=mb(row["alias_bytes"]))
     return row
+
+
+# XLA:CPU's fusion emitters are the default, and what the counts here are meant to describe.
+# The test suite turns them off process-wide to compile faster (tests/conftest.py); under that
+# flag XLA:CPU fuses differently, so the anatomy test compiles with these options to read the
+# programs users get.
+DEFAULT_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": True}
 
 
 # ------------------------------------------------------------------ programs
@@ -443,9 +452,11 @@ def pool_shapes_of(state) -> dict[str, Any]:
 def anatomy(cfg: LlamaConfig, kind: str | None = "eagle3", spec: SpecConfig | None = None,
             batch: int = 8, context: int = 1024, max_new: int = 128, page_size: int = 16,
             temperature: float = 0.0, draft_vocab: int | None = None,
-            programs=None, log=None, stacked: bool = True) -> dict:
+            programs=None, log=None, stacked: bool = True,
+            compiler_options: dict | None = None) -> dict:
     """Rows for the plain step and (with a drafter ``kind``) draft / verify / finish /
-    iteration. ``programs``: names to compile (default all)."""
+    iteration. ``programs``: names to compile (default all); ``compiler_options``: see
+    :func:`analyse`."""
     setup = Setup(cfg, batch, context, max_new, page_size, temperature)
     params = abstract_target_params(cfg, stacked)
     want = lambda n: programs is None or n in programs
@@ -470,7 +481,7 @@ def anatomy(cfg: LlamaConfig, kind: str | None = "eagle3", spec: SpecConfig | No
             continue
         if log:
             log(f"compiling {name} ...")
-        rows.append(analyse(name, f, a, d, keys, cfg.num_layers))
+        rows.append(analyse(name, f, a, d, keys, cfg.num_layers, compiler_options))
     base = next((r for r in rows if r["program"] == "plain_step"), None)
     for r in rows:
         r["bytes_x"] = r["bytes"] / base["bytes"] if base and base["bytes"] else float("nan")

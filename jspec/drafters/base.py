@@ -43,6 +43,15 @@ from jspec.tree.build import DraftTree
 from jspec.tree.select import expand_frontier, pool_offset, pool_parent_index, select_tree
 
 
+def kept_rows(x: jax.Array, keep: jax.Array | None) -> jax.Array:
+    """``x [B, T, ...]`` -> row ``keep[b]`` of each batch row, ``[B, 1, ...]`` (all rows when
+    ``keep`` is None). Drafter nets apply their head after this, so a committed block of
+    S+1 rows pays for one row's head (the head is the drafter's main cost at small sizes)."""
+    if keep is None:
+        return x
+    return jnp.take_along_axis(x, keep.reshape((-1, 1) + (1,) * (x.ndim - 2)), axis=1)
+
+
 def top_k_logprobs(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """The k best log-probabilities and their ids: top-k of the raw logits minus one
     logsumexp, instead of a full-vocabulary log_softmax followed by top-k."""
@@ -106,11 +115,13 @@ class RecurrentDrafter:
 
     # -------------------------------------------------------- network hooks
     def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
-                  cache, block_mask, valid, offset):
+                  cache, block_mask, valid, offset, keep=None):
         """-> ``(feature_out [B,T,H], draft logits [B,T,Vd] fp32, cache)``.
 
         ``step`` is None for committed positions (``feats`` are the target's features)
         and the tree-loop step s >= 1 (traced) otherwise (``feats`` are the drafter's own).
+        ``keep [B]`` (optional): the head runs on row ``keep[b]`` only and the logits are
+        ``[B, 1, Vd]`` (see :func:`kept_rows`).
         """
         raise NotImplementedError
 
@@ -168,15 +179,14 @@ class RecurrentDrafter:
         j = jnp.arange(T, dtype=jnp.int32)[None]
         pos = state.cache.lengths[:, None] + j
         valid = j < n[:, None]
-        out, logits, cache = self.net_apply(params, cfg, tparams, next_tokens, feats, None, pos,
-                                            state.cache, None, valid, 0)
         last = jnp.maximum(n - 1, 0)
-        take = lambda x: jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
+        out, logits, cache = self.net_apply(params, cfg, tparams, next_tokens, feats, None, pos,
+                                            state.cache, None, valid, 0, keep=last)
         keep = n > 0
         return RecurrentState(
             cache=kvc.advance(cache, n),
-            feature=jnp.where(keep[:, None], take(out), state.feature),
-            logits=jnp.where(keep[:, None], take(logits), state.logits))
+            feature=jnp.where(keep[:, None], kept_rows(out, last)[:, 0], state.feature),
+            logits=jnp.where(keep[:, None], logits[:, 0], state.logits))
 
     def prefill(self, params, target, state, feats, next_tokens, lens):
         return self._run_committed(params, target, state, feats, next_tokens, lens)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.config import LlamaConfig
-from jspec.drafters.base import (RecurrentDrafter, target_embedding, target_head,
+from jspec.drafters.base import (RecurrentDrafter, kept_rows, target_embedding, target_head,
                                  target_head_out_major)
 from jspec.drafters.vocab import DraftVocab, check_draft_vocab
 from jspec.kernels import attention_fn
@@ -78,7 +78,7 @@ class Eagle1(DraftVocab, RecurrentDrafter):
         check_draft_vocab(self, target_cfg.vocab_size, params)
 
     def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
-                  cache, block_mask, valid, offset):
+                  cache, block_mask, valid, offset, keep=None):
         emb = target_embedding(target_params)[tokens]
         out, cache = self.net.apply({"params": params["net"]}, emb, feats, positions, cache,
                                     block_mask, valid, offset)
@@ -87,9 +87,9 @@ class Eagle1(DraftVocab, RecurrentDrafter):
         if self.out_major:
             head = (params["lm_head"]["kernel"] if self.vocab_size
                     else target_head_out_major(target_cfg, target_params))
-            logits = linear(out, head.astype(out.dtype), _precision(self.layer))
+            logits = linear(kept_rows(out, keep), head.astype(out.dtype), _precision(self.layer))
         else:
             head = (params["lm_head"]["kernel"] if self.vocab_size
                     else target_head(target_cfg, target_params))
-            logits = out @ head.astype(out.dtype)
+            logits = kept_rows(out, keep) @ head.astype(out.dtype)
         return out, logits.astype(jnp.float32), cache

@@ -24,7 +24,8 @@ import jax.numpy as jnp
 
 from jspec.config import LlamaConfig
 from jspec.kernels import attention_fn
-from jspec.drafters.base import DrafterMismatchError, RecurrentDrafter, target_embedding
+from jspec.drafters.base import (DrafterMismatchError, RecurrentDrafter, kept_rows,
+                                 target_embedding)
 from jspec.drafters.vocab import DraftVocab, check_d2t, check_draft_vocab
 from jspec.llama import MLP, Attention, RMSNorm, _dense
 
@@ -43,7 +44,8 @@ class Eagle3Net(nn.Module):
     out_major: bool = False            # kernels held [out, in] (serving; see Linear)
 
     @nn.compact
-    def __call__(self, emb, feats, from_target: bool, positions, cache, block_mask, valid, offset):
+    def __call__(self, emb, feats, from_target: bool, positions, cache, block_mask, valid, offset,
+                 keep=None):
         c = self.cfg
         H = c.hidden_size
         norm = lambda n, name: RMSNorm(n, c.rms_norm_eps, c.dtype, name=name)
@@ -64,7 +66,7 @@ class Eagle3Net(nn.Module):
         x = residual + a
         out = x + MLP(c, self.out_major, name="mlp")(norm(H, "post_attention_layernorm")(x))
         logits = _dense(self.draft_vocab, ("embed", "vocab"), c, "lm_head",
-                        self.out_major)(norm(H, "norm")(out))
+                        self.out_major)(norm(H, "norm")(kept_rows(out, keep)))
         return out, logits.astype(jnp.float32), cache
 
 
@@ -92,10 +94,10 @@ class Eagle3(DraftVocab, RecurrentDrafter):
         return {**params, **self.init_map()}     # identity-prefix map: draft id i -> target id i
 
     def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
-                  cache, block_mask, valid, offset):
+                  cache, block_mask, valid, offset, keep=None):
         emb = target_embedding(target_params)[tokens]
         return self.net.apply({"params": params["net"]}, emb, feats, step is None, positions, cache,
-                              block_mask, valid, offset)
+                              block_mask, valid, offset, keep)
 
     def validate(self, target_cfg: LlamaConfig, params=None) -> None:
         super().validate(target_cfg, params)

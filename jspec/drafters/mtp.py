@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 
 from jspec.config import LlamaConfig
-from jspec.drafters.base import (DrafterMismatchError, RecurrentDrafter, target_embedding,
-                                 target_head, target_head_out_major)
+from jspec.drafters.base import (DrafterMismatchError, RecurrentDrafter, kept_rows,
+                                 target_embedding, target_head, target_head_out_major)
 from jspec.drafters.vocab import DraftVocab, check_draft_vocab
 from jspec.kernels import attention_fn
 from jspec.llama import DecoderLayer, RMSNorm, _dense, _precision, linear
@@ -48,7 +48,8 @@ class MTPModule(nn.Module):
     out_major: bool = False            # kernels held [out, in] (serving; see Linear)
 
     @nn.compact
-    def __call__(self, emb, feats, positions, cache, block_mask, valid, offset, head=None):
+    def __call__(self, emb, feats, positions, cache, block_mask, valid, offset, head=None,
+                 keep=None):
         c = self.cfg
         H = c.hidden_size
         norm = lambda name: RMSNorm(H, c.rms_norm_eps, c.dtype, name=name)
@@ -58,7 +59,7 @@ class MTPModule(nn.Module):
         x, cache = DecoderLayer(c, self.out_major, name="block")(
             x, positions, cache, self.layer_index, block_mask, valid, attention_fn(self.attention),
             offset)
-        hn = norm("shared_head_norm")(x)
+        hn = norm("shared_head_norm")(kept_rows(x, keep))
         if self.own_head:
             logits = _dense(self.vocab, ("embed", "vocab"), c, "shared_head_head",
                             self.out_major)(hn)
@@ -109,7 +110,7 @@ class MTP(DraftVocab, RecurrentDrafter):
             for m in range(self.num_modules)}, **self.init_map()}
 
     def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
-                  cache, block_mask, valid, offset):
+                  cache, block_mask, valid, offset, keep=None):
         emb = target_embedding(target_params)[tokens]
         head = None
         if not self.own_head:
@@ -118,7 +119,7 @@ class MTP(DraftVocab, RecurrentDrafter):
 
         def run(m, cache):
             return self.module(m).apply({"params": params["net"][f"module_{m}"]}, emb, feats,
-                                        positions, cache, block_mask, valid, offset, head)
+                                        positions, cache, block_mask, valid, offset, head, keep)
 
         if step is None:
             # Committed positions: every module records its KV; module 0 drafts next.
