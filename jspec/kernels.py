@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.attention import causal_block_mask, paged_attention_ref
+from jspec.platform import target_platform
 from jspec.spec_config import MAX_TREE_NODES
 from jspec.tree.build import pack_mask
 
@@ -59,7 +60,7 @@ def check_mode(mode: str) -> None:
 
 def _backend(mode: str) -> str:
     if mode == "pallas":
-        return jax.default_backend()
+        return default_backend()
     return "gpu" if mode == "pallas_interpret_gpu" else "tpu"
 
 
@@ -113,8 +114,9 @@ def walk_impl(mode: str) -> str:
 
 # --------------------------------------------------------------------------- resolution
 def default_backend() -> str:
-    """``jax.default_backend()`` ("cpu", "gpu", "tpu"); a function so tests can fake it."""
-    return jax.default_backend()
+    """The platform programs are built for ("cpu", "gpu", "tpu"; see
+    :func:`jspec.platform.target_platform`); a function so tests can fake it."""
+    return target_platform()
 
 
 def _shape_key(config, page_size, num_nodes, max_depth, greedy, batch, max_pages, num_pages):

@@ -133,11 +133,14 @@ def write_layer(cache: PagedKVCache, layer: int, k: jax.Array, v: jax.Array,
     slots = slots.reshape(B * T)
     shape = cache.k_pages.shape
 
+    heads = jnp.arange(shape[1], dtype=jnp.int32)[:, None]
+
     def put(pages, x):
-        # layer (int) and slots (array) are both advanced indices split by a slice,
-        # so numpy rules put the indexed axis first: the update is [B*T, KVH, D].
-        x = x.reshape(B * T, *x.shape[2:]).astype(pages.dtype)
-        flat = _flat(pages).at[layer, :, slots].set(x, mode="drop")
+        # Every index but the head dim's: the scatter's window is one contiguous [D] row. With
+        # the heads as a window ([KVH, D], not adjacent in [L, KVH, P*S, D]) XLA:TPU relaid the
+        # whole pool out and back around every layer's write (deviceless v5p compile, 8B).
+        x = x.reshape(B * T, *x.shape[2:]).swapaxes(0, 1).astype(pages.dtype)  # [KVH, B*T, D]
+        flat = _flat(pages).at[layer, heads, slots[None]].set(x, mode="drop")
         return flat.reshape(shape)
 
     return cache.replace(k_pages=put(cache.k_pages, k), v_pages=put(cache.v_pages, v))
@@ -204,10 +207,16 @@ def commit(cache: PagedKVCache, keep: jax.Array, num_keep: jax.Array) -> PagedKV
     src, dst = src.reshape(-1), dst.reshape(-1)
     shape = cache.k_pages.shape
 
+    L, KVH = shape[:2]
+    lyr = jnp.arange(L, dtype=jnp.int32)[:, None, None]
+    heads = jnp.arange(KVH, dtype=jnp.int32)[None, :, None]
+
     def move(pages):
         flat = _flat(pages)
-        vals = jnp.take(flat, src, axis=2, mode="clip")   # [L, KVH, B*A, D]
-        return flat.at[:, :, dst].set(vals, mode="drop").reshape(shape)
+        # Gather and scatter both index (layer, head, slot): a contiguous [D] window each, as in
+        # write_layer (a [L, KVH, 1, D] window made XLA:TPU copy the whole pool, 8B on v5p).
+        vals = flat.at[lyr, heads, src[None, None]].get(mode="clip")   # [L, KVH, B*A, D]
+        return flat.at[lyr, heads, dst[None, None]].set(vals, mode="drop").reshape(shape)
 
     return cache.replace(k_pages=move(cache.k_pages), v_pages=move(cache.v_pages),
                          lengths=cache.lengths + num_keep.astype(jnp.int32))

@@ -31,6 +31,7 @@ import numpy as np
 from jspec import kv_cache as kvc
 from jspec.attention import paged_attention_ref, windowed_attention_ref
 from jspec.config import LlamaConfig, RopeConfig
+from jspec.platform import target_platform
 
 AttentionFn = Callable[..., jax.Array]
 
@@ -276,7 +277,7 @@ def default_stacked() -> bool:
         if env not in ("0", "1", "true", "false"):
             raise ValueError(f"{STACKED_ENV}={env!r}: expected 1 or 0")
         return env in ("1", "true")
-    return jax.default_backend() != "cpu"
+    return target_platform() != "cpu"
 
 
 def pack_params(cfg: LlamaConfig, params, stacked: bool | None = None) -> dict:
@@ -363,7 +364,7 @@ def linear(x, w, precision=None):
     lead, k = x.shape[:-1], x.shape[-1]
     out = w.shape[:-1]
     m = math.prod(lead)
-    if jax.default_backend() != "cpu" or m == 1 or m > CPU_FEW_TOKENS:
+    if target_platform() != "cpu" or m == 1 or m > CPU_FEW_TOKENS:
         return jnp.einsum("mk,nk->mn", x.reshape(-1, k), w.reshape(-1, k),
                           precision=precision).reshape(lead + out)
     x = x.reshape(-1, k)

@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--layout", choices=["scan", "per-layer"], default="scan",
                    help="target weights: the stacked, scanned layer stack TPUs/GPUs run "
                         "(default) or the per-layer weights CPUs run")
+    s.add_argument("--aot", choices=["v5e", "v6e", "v5p"], default=None,
+                   help="compile for this TPU generation on this host, without a TPU (needs "
+                        "libtpu: the tpu extra); the counts are then the TPU program's")
+    s.add_argument("--kernels", choices=["reference", "pallas"], default="reference",
+                   help="attention and verify walk: the jnp reference or the Pallas kernels "
+                        "(TPU/GPU, e.g. with --aot)")
     s.add_argument("--json", metavar="OUT", help="also write the rows as JSON")
     return p
 

@@ -57,7 +57,8 @@ The draft phase's state is *not* donated: the iteration still needs it after the
 (the extend writes the drafter's committed KV), which is precisely what may force a copy.
 The finish program receives the verified cache inside its state (``s.cache``, which
 ``finish_phase`` does not otherwise read), so donating the state aliases the right buffer.
-``kernels="reference"``; greedy unless ``--temperature`` > 0.
+``kernels="reference"`` unless ``--kernels pallas`` (the TPU/GPU kernels, e.g. with ``--aot``);
+greedy unless ``--temperature`` > 0.
 
 All target parameter shapes come from :func:`abstract_target_params`, drafter ones from
 :func:`abstract_drafter`: change those two functions when the parameter layout changes.
@@ -80,6 +81,7 @@ from jspec.config import LlamaConfig
 from jspec.decode import PlainDecoder
 from jspec.drafters import Drafter, random_drafter
 from jspec.generate import _admit
+from jspec.platform import building_for
 from jspec.sampling import SamplingConfig
 from jspec.spec_config import SpecConfig
 from jspec.spec_decode import SpecDecoder, tree_shape
@@ -161,7 +163,7 @@ def parse_hlo(text: str) -> tuple[dict[str, list[Instr]], str]:
                     entry = cur
             continue
         s = line.strip()
-        if s == "}":
+        if s == "}" or s.startswith("}, "):     # TPU v5p: "}, execution_thread=..." (SparseCore)
             cur = None
             continue
         if " = " not in s:
@@ -329,10 +331,15 @@ def _memory(compiled) -> dict:
 
 
 def analyse(name: str, fn: Callable, args: tuple, donate=(), pool_shapes=(),
-            num_layers: int = 1, compiler_options: dict | None = None) -> dict:
+            num_layers: int = 1, compiler_options: dict | None = None, device=None) -> dict:
     """Compile ``fn(*args)`` (abstract args) and read its anatomy into one table row.
     ``compiler_options``: XLA debug options for this compile only (they override
-    ``XLA_FLAGS``; see :data:`DEFAULT_CPU_OPTIONS`)."""
+    ``XLA_FLAGS``; see :data:`DEFAULT_CPU_OPTIONS`). ``device``: compile for this (abstract)
+    device instead of the default one (see :func:`aot_device`)."""
+    if device is not None:
+        sh = jax.sharding.SingleDeviceSharding(device)
+        args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)
+                            if isinstance(x, jax.ShapeDtypeStruct) else x, args)
     t0 = time.perf_counter()
     compiled = jax.jit(fn, donate_argnums=tuple(donate)).lower(*args).compile(compiler_options)
     compile_s = time.perf_counter() - t0
@@ -356,6 +363,22 @@ def analyse(name: str, fn: Callable, args: tuple, donate=(), pool_shapes=(),
 DEFAULT_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": True}
 
 
+# Deviceless TPU compiles (DESIGN.md section 6): a topology's abstract device, libtpu installed.
+AOT_TOPOLOGIES = {"v5e": "v5e:2x2", "v6e": "v6e:2x2", "v5p": "v5p:2x2x1"}
+
+
+def aot_device(name: str):
+    """The first device of a TPU topology, for compiling without one (needs ``libtpu``)."""
+    if name not in AOT_TOPOLOGIES:
+        raise ValueError(f"--aot {name!r}: choose one of {sorted(AOT_TOPOLOGIES)}")
+    try:
+        from jax.experimental import topologies
+        return topologies.get_topology_desc(AOT_TOPOLOGIES[name], platform="tpu").devices[0]
+    except Exception as e:
+        raise SystemExit(f"--aot {name}: no TPU compiler here ({type(e).__name__}: {e}); "
+                         "install libtpu (pip install -e '.[tpu]')") from None
+
+
 # ------------------------------------------------------------------ programs
 def parse_spec(text: str | None) -> SpecConfig | None:
     if text is None:
@@ -375,6 +398,7 @@ class Setup:
     max_new: int = 128
     page_size: int = 16
     temperature: float = 0.0
+    kernels: str = "reference"
 
     def inputs(self, overshoot: int):
         """Abstract (prompt, lens, page_table, stop_ids, limits, key) as generate() would
@@ -400,7 +424,7 @@ def plain_program(setup: Setup, params) -> tuple[Callable, tuple, tuple, Any]:
     c = setup.cfg
     a = setup.inputs(0)
     dec = PlainDecoder(c, setup.sampling, a["cap_new"], setup.page_size, a["num_pages"], None,
-                       "reference")
+                       setup.kernels)
     state = jax.eval_shape(lambda *x: dec.run(*x), params, a["prompt"], a["lens"], a["table"],
                            a["stop"], a["limits"], a["key"])
     fn = lambda p, s, stop, mx: dec.step(p, s, stop, mx)
@@ -417,7 +441,7 @@ def spec_programs(setup: Setup, params, drafter: Drafter, spec: SpecConfig | Non
     overshoot = max(N, drafter.module.cache_slots(spec)) + S + 1
     a = setup.inputs(overshoot)
     dec = SpecDecoder(c, drafter.module, spec, setup.sampling, a["cap_new"], setup.page_size,
-                      a["num_pages"], 0.0, None, "reference")
+                      a["num_pages"], 0.0, None, setup.kernels)
     dp = drafter.params
     s = jax.eval_shape(lambda *x: dec.initial_state(*x), params, dp, a["prompt"], a["lens"],
                        a["table"], a["table"], a["stop"], a["limits"], a["key"])
@@ -453,11 +477,25 @@ def anatomy(cfg: LlamaConfig, kind: str | None = "eagle3", spec: SpecConfig | No
             batch: int = 8, context: int = 1024, max_new: int = 128, page_size: int = 16,
             temperature: float = 0.0, draft_vocab: int | None = None,
             programs=None, log=None, stacked: bool = True,
-            compiler_options: dict | None = None) -> dict:
+            compiler_options: dict | None = None, aot: str | None = None,
+            kernels: str = "reference") -> dict:
     """Rows for the plain step and (with a drafter ``kind``) draft / verify / finish /
     iteration. ``programs``: names to compile (default all); ``compiler_options``: see
-    :func:`analyse`."""
-    setup = Setup(cfg, batch, context, max_new, page_size, temperature)
+    :func:`analyse`; ``aot``: compile for that TPU generation without one
+    (:data:`AOT_TOPOLOGIES`), tracing as for TPU (:func:`jspec.platform.building_for`)."""
+    if aot is not None:
+        device = aot_device(aot)
+        with building_for("tpu"):
+            return _anatomy(cfg, kind, spec, batch, context, max_new, page_size, temperature,
+                            draft_vocab, programs, log, stacked, compiler_options, device,
+                            kernels)
+    return _anatomy(cfg, kind, spec, batch, context, max_new, page_size, temperature,
+                    draft_vocab, programs, log, stacked, compiler_options, None, kernels)
+
+
+def _anatomy(cfg, kind, spec, batch, context, max_new, page_size, temperature, draft_vocab,
+             programs, log, stacked, compiler_options, device, kernels) -> dict:
+    setup = Setup(cfg, batch, context, max_new, page_size, temperature, kernels)
     params = abstract_target_params(cfg, stacked)
     want = lambda n: programs is None or n in programs
     rows, info = [], {}
@@ -481,7 +519,7 @@ def anatomy(cfg: LlamaConfig, kind: str | None = "eagle3", spec: SpecConfig | No
             continue
         if log:
             log(f"compiling {name} ...")
-        rows.append(analyse(name, f, a, d, keys, cfg.num_layers, compiler_options))
+        rows.append(analyse(name, f, a, d, keys, cfg.num_layers, compiler_options, device))
     base = next((r for r in rows if r["program"] == "plain_step"), None)
     for r in rows:
         r["bytes_x"] = r["bytes"] / base["bytes"] if base and base["bytes"] else float("nan")
@@ -490,7 +528,8 @@ def anatomy(cfg: LlamaConfig, kind: str | None = "eagle3", spec: SpecConfig | No
                           else float("nan"))
     info.update(pool_shapes={k: [np.dtype(v.dtype).name, list(v.shape)] for k, v in pools.items()},
                 batch=batch, context=context, max_new=max_new, page_size=page_size,
-                dtype=cfg.dtype, num_layers=cfg.num_layers, temperature=temperature)
+                dtype=cfg.dtype, num_layers=cfg.num_layers, temperature=temperature,
+                kernels=kernels)
     return {"info": info, "rows": rows}
 
 
@@ -512,9 +551,10 @@ def main(args) -> dict:
     log = lambda m: print(m, flush=True)
     result = anatomy(cfg, kind, parse_spec(args.spec), args.batch, args.context, args.max_new,
                      args.page_size, args.temperature, args.draft_vocab, args.programs, log=log,
-                     stacked=args.layout == "scan")
+                     stacked=args.layout == "scan", aot=args.aot, kernels=args.kernels)
+    backend = f"tpu {args.aot} (deviceless AOT)" if args.aot else jax.default_backend()
     result["info"] = {"config": name, "layout": args.layout, **result["info"], "jax": jax.__version__,
-                      "backend": jax.default_backend(), "load_avg": common.load_avg()}
+                      "backend": backend, "load_avg": common.load_avg()}
     print(render(result, "compiled-program anatomy (counts: while/scan bodies once; "
                          "bytes/flops: XLA cost analysis)"))
     if args.json:

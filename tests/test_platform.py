@@ -1,0 +1,66 @@
+"""Building programs for another platform than the host's (jspec.platform), and the TPU programs
+that a deviceless compile on this host produces (needs libtpu: the ``tpu`` extra)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jspec import kernels, llama
+from jspec.config import LlamaConfig
+from jspec.platform import building_for, target_platform
+
+
+def _has_barrier(x):
+    w = jnp.ones((24, x.shape[-1]), x.dtype)
+    return "optimization_barrier" in str(jax.make_jaxpr(llama.linear)(x, w))
+
+
+def test_building_for_switches_the_platform_choices(monkeypatch):
+    monkeypatch.delenv(llama.STACKED_ENV, raising=False)
+    x = jnp.ones((8, 16))
+    host = jax.default_backend()
+    with building_for("tpu"):
+        assert target_platform() == "tpu" and kernels.default_backend() == "tpu"
+        assert llama.default_stacked()
+        assert not _has_barrier(x)               # one plain contraction on TPU
+    assert target_platform() == host
+    if host == "cpu":
+        assert not llama.default_stacked()
+        assert _has_barrier(x)                   # the few-token CPU form
+        assert not _has_barrier(jnp.ones((1, 16)))
+        assert not _has_barrier(jnp.ones((llama.CPU_FEW_TOKENS + 1, 16)))
+    with pytest.raises(ValueError, match="platform"):
+        with building_for("ipu"):
+            pass
+
+
+def test_stacked_env_override(monkeypatch):
+    monkeypatch.setenv(llama.STACKED_ENV, "0")
+    assert not llama.default_stacked()
+    monkeypatch.setenv(llama.STACKED_ENV, "1")
+    assert llama.default_stacked()
+    monkeypatch.setenv(llama.STACKED_ENV, "yes please")
+    with pytest.raises(ValueError, match=llama.STACKED_ENV):
+        llama.default_stacked()
+
+
+@pytest.mark.tpu_aot
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu not installed")
+def test_tpu_decode_and_commit_do_not_copy_the_kv_pool():
+    """On TPU a KV write whose scatter window was [KVH, D] (heads not adjacent to D in the
+    pool) made XLA relay the whole pool out and back around every layer's write, and the
+    tree commit likewise. Head dim 128 (a lane-width minor dim, as Llama-3's): no pool copy
+    may appear in the plain step or in the speculative iteration's finish."""
+    from jspec.bench import anatomy
+    cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_layers=2,
+                      num_heads=2, num_kv_heads=1, head_dim=128, dtype="bfloat16")
+    res = anatomy.anatomy(cfg, "eagle3", None, batch=2, context=256, aot="v5e",
+                          programs=("plain_step", "finish"))
+    rows = {r["program"]: r for r in res["rows"]}
+    assert set(rows) == {"plain_step", "finish"}
+    for name, r in rows.items():
+        assert r["pool_copies"] == 0, (name, r)
