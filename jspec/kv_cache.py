@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jspec.platform import target_platform
 from jspec.shapes import Float, Int
 
 
@@ -134,13 +135,20 @@ def write_layer(cache: PagedKVCache, layer: int, k: jax.Array, v: jax.Array,
     shape = cache.k_pages.shape
 
     heads = jnp.arange(shape[1], dtype=jnp.int32)[:, None]
+    per_row = target_platform() != "cpu"
 
     def put(pages, x):
-        # Every index but the head dim's: the scatter's window is one contiguous [D] row. With
-        # the heads as a window ([KVH, D], not adjacent in [L, KVH, P*S, D]) XLA:TPU relaid the
-        # whole pool out and back around every layer's write (deviceless v5p compile, 8B).
-        x = x.reshape(B * T, *x.shape[2:]).swapaxes(0, 1).astype(pages.dtype)  # [KVH, B*T, D]
-        flat = _flat(pages).at[layer, heads, slots[None]].set(x, mode="drop")
+        x = x.reshape(B * T, *x.shape[2:]).astype(pages.dtype)                # [B*T, KVH, D]
+        if per_row:
+            # Every index but the head dim's: the scatter's window is one contiguous [D] row.
+            # With the heads in the window ([KVH, D], not adjacent in [L, KVH, P*S, D]) XLA:TPU
+            # relaid the whole pool out and back around every layer's write (deviceless v5p
+            # compile, 8B shape).
+            flat = _flat(pages).at[layer, heads, slots[None]].set(x.swapaxes(0, 1), mode="drop")
+        else:
+            # XLA:CPU writes the [KVH, D] window in place and ran a 100M plain decode step 9%
+            # faster this way (30.4 vs 33.1 ms/token, interleaved A/B).
+            flat = _flat(pages).at[layer, :, slots].set(x, mode="drop")
         return flat.reshape(shape)
 
     return cache.replace(k_pages=put(cache.k_pages, k), v_pages=put(cache.v_pages, v))

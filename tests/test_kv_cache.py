@@ -55,6 +55,23 @@ def test_write_then_read_round_trip_ragged():
     np.testing.assert_array_equal(np.asarray(cache.lengths), [7, 6, 4])
 
 
+def test_accelerator_write_form_equals_cpu_form():
+    """write_layer scatters per (layer, head, slot) on TPU/GPU and per (layer, slot) on CPU
+    (each backend's fast form); both must leave the same pool, dropped writes included."""
+    from jspec.platform import building_for
+    rng = np.random.default_rng(3)
+    k, v = rand_kv(rng, 3, 6)
+    valid = jnp.asarray(np.arange(6)[None] < np.array([[6], [2], [0]]))
+    caches = {}
+    for platform in ("cpu", "gpu"):
+        with building_for(platform):     # traced for that platform, run here
+            cache = kvc.advance(make([7, 13, 3]), jnp.array([1, 4, 0]))
+            caches[platform] = jax.jit(write_all)(cache, k, v, valid)
+    for a, b in zip(jax.tree.leaves(caches["cpu"]), jax.tree.leaves(caches["gpu"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert np.abs(np.asarray(caches["cpu"].k_pages)).sum() > 0
+
+
 def test_rows_never_touch_each_others_pages():
     cache = make([4, 4], page_size=4)
     k = np.ones((L, 2, 8, H, D), np.float32)
