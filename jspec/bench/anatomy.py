@@ -6,7 +6,9 @@ inputs** (``jax.ShapeDtypeStruct`` / ``jax.eval_shape``: an 8B-shaped model need
 weights and no memory) and reads the compiled executable:
 
 - ``kernels``: kernels in the optimized HLO module (rule below); ``per_layer``: that
-  count divided by the target's number of layers;
+  count divided by the target's number of layers; ``layer_body``: the kernels of a scanned
+  layer stack's body (while loops that run ``num_layers`` times), i.e. what one target layer
+  compiles to (0 when the stack is unrolled: read ``per_layer`` there);
 - ``bytes_MB`` / ``GFLOP``: ``compiled.cost_analysis()`` ("bytes accessed", "flops");
   ``bytes_x`` / ``flops_x``: the same over the plain step's;
   **XLA's cost analysis counts a while body once**, whatever its trip count: once the layer
@@ -86,7 +88,7 @@ from jspec.sampling import SamplingConfig
 from jspec.spec_config import SpecConfig
 from jspec.spec_decode import SpecDecoder, tree_shape
 
-COLUMNS = ["program", "kernels", "per_layer", "bytes_MB", "bytes_x", "GFLOP", "flops_x",
+COLUMNS = ["program", "kernels", "per_layer", "layer_body", "bytes_MB", "bytes_x", "GFLOP", "flops_x",
            "GFLOP_w", "flops_w_x",
            "temp_MB", "arg_MB", "out_MB", "alias_MB", "compile_s", "pool_copies", "pool_kernels"]
 
@@ -207,14 +209,39 @@ def pool_key(x) -> list[tuple[str, tuple[int, ...]]]:
     L, H, P, ps, D = x.shape
     views = {(L, H, P, ps, D), (L, H, P * ps, D), (L * H, P, ps, D), (L * H * P * ps * D,)}
     return [(t, v) for v in views]
-def count_kernels(text: str, pool_shapes=()) -> dict:
+def _trip_count(attrs: str) -> int | None:
+    t = re.search(r'"known_trip_count":\{"n":"(\d+)"', attrs)
+    return int(t.group(1)) if t else None
+
+
+def _loop_trips(attrs: str, comps) -> int | None:
+    """A while loop's trip count: XLA's ``known_trip_count`` (CPU), else the loop bound of a
+    condition that is one ``compare(i, constant(N)), direction=LT`` (TPU drops the former)."""
+    n = _trip_count(attrs)
+    if n is not None:
+        return n
+    cond = _called(attrs, ("condition",))
+    instrs = comps.get(cond[0], []) if cond else []
+    consts = {i.name: re.match(r"\((-?\d+)\)", i.attrs) for i in instrs if i.opcode == "constant"}
+    for i in instrs:
+        if i.opcode == "compare" and "direction=LT" in i.attrs:
+            ops = _operands(i.attrs)
+            if len(ops) == 2 and consts.get(ops[1]):
+                return int(consts[ops[1]].group(1))
+    return None
+
+
+def count_kernels(text: str, pool_shapes=(), num_layers: int | None = None) -> dict:
     """Kernel counts of an optimized HLO module by the rule in the module docstring, and
     ``pool_copies``: copies (anywhere, fusions included) with a result in ``pool_shapes``
-    (``(hlo element type, dims)`` pairs, see :func:`pool_key`)."""
+    (``(hlo element type, dims)`` pairs, see :func:`pool_key`). ``layer_body``: kernels in
+    the bodies of while loops that run ``num_layers`` times (a scanned layer stack's body:
+    what one layer costs; 0 for an unrolled stack)."""
     comps, entry = parse_hlo(text)
     pools = set(pool_shapes)
     counts = {"kernels": 0, "fusions": 0, "custom_calls": 0, "unfused_dots": 0, "unfused_copies": 0,
-              "other_unfused": 0, "while_loops": 0, "pool_copies": 0, "pool_kernels": 0}
+              "other_unfused": 0, "while_loops": 0, "pool_copies": 0, "pool_kernels": 0,
+              "layer_body": 0}
     seen_control, seen_fused = set(), set()
 
     def fused(name):                      # read a fusion's computations for pool copies only
@@ -227,7 +254,7 @@ def count_kernels(text: str, pool_shapes=()) -> dict:
             for c in _called(ins.attrs, ("calls",)):
                 fused(c)
 
-    def control(name):
+    def control(name, in_layer=False):
         if name in seen_control or name not in comps:
             return
         seen_control.add(name)
@@ -236,12 +263,15 @@ def count_kernels(text: str, pool_shapes=()) -> dict:
             if op == "while":
                 counts["while_loops"] += 1
             if op in ("while", "conditional", "call"):
+                layer_loop = (op == "while" and num_layers is not None
+                              and _loop_trips(ins.attrs, comps) == num_layers)
                 for c in _called(ins.attrs, CONTROL_ATTRS + ("branch_computations", "to_apply")):
-                    control(c)
+                    control(c, in_layer or layer_loop)
                 continue
             if op in NON_KERNEL or op.endswith("-done") or op.endswith("-update"):
                 continue
             counts["kernels"] += 1
+            counts["layer_body"] += in_layer
             if op == "fusion":
                 counts["fusions"] += 1
             elif op == "custom-call":
@@ -299,10 +329,7 @@ def dot_flops(text: str) -> dict:
                     f = 2.0 * int(np.prod(res[1])) * k
                     out["weighted"] += f * mult
                     out["once"] += f if first else 0.0
-            n = 1
-            if ins.opcode == "while":
-                t = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.attrs)
-                n = int(t.group(1)) if t else 1
+            n = (_trip_count(ins.attrs) or 1) if ins.opcode == "while" else 1
             for c in _called(ins.attrs, ("body", "true_computation", "false_computation",
                                          "branch_computations", "calls")):
                 walk(c, mult * n, first)
@@ -344,7 +371,7 @@ def analyse(name: str, fn: Callable, args: tuple, donate=(), pool_shapes=(),
     compiled = jax.jit(fn, donate_argnums=tuple(donate)).lower(*args).compile(compiler_options)
     compile_s = time.perf_counter() - t0
     text = compiled.as_text()
-    k = count_kernels(text, pool_shapes)
+    k = count_kernels(text, pool_shapes, num_layers)
     df = dot_flops(text)
     row = {"program": name, **k, "per_layer": k["kernels"] / num_layers, **_cost(compiled),
            **_memory(compiled), "compile_s": compile_s, "dot_flops_once": df["once"],
