@@ -359,8 +359,9 @@ def linear(x, w, precision=None):
     tokens, see the packed layout's note) behind an optimization barrier, then transposed:
     without the barrier XLA folds the transpose back into the dot and picks the slow
     ``[tokens, out]`` product again. One token (a matrix-vector product, as fast either way),
-    more than :data:`CPU_FEW_TOKENS` tokens, and other backends: one plain contraction (the barrier and transpose only add kernels;
-    measured: they made the 3.4M-parameter default model's plain decode step 2x slower)."""
+    more than :data:`CPU_FEW_TOKENS` tokens, and other backends: one plain contraction (the
+    barrier and transpose only add kernels; measured: they made the 3.4M-parameter default
+    model's plain decode step 2x slower)."""
     lead, k = x.shape[:-1], x.shape[-1]
     out = w.shape[:-1]
     m = math.prod(lead)
