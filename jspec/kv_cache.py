@@ -134,8 +134,8 @@ def write_layer(cache: PagedKVCache, layer: int, k: jax.Array, v: jax.Array,
     slots = slots.reshape(B * T)
     shape = cache.k_pages.shape
 
-    heads = jnp.arange(shape[1], dtype=jnp.int32)[:, None]
     per_row = target_platform() != "cpu"
+    heads = jnp.arange(shape[1], dtype=jnp.int32)[:, None] if per_row else None
 
     def put(pages, x):
         x = x.reshape(B * T, *x.shape[2:]).astype(pages.dtype)                # [B*T, KVH, D]

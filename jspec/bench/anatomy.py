@@ -68,6 +68,7 @@ All target parameter shapes come from :func:`abstract_target_params`, drafter on
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import time
@@ -88,8 +89,8 @@ from jspec.sampling import SamplingConfig
 from jspec.spec_config import SpecConfig
 from jspec.spec_decode import SpecDecoder, tree_shape
 
-COLUMNS = ["program", "kernels", "per_layer", "layer_body", "bytes_MB", "bytes_x", "GFLOP", "flops_x",
-           "GFLOP_w", "flops_w_x",
+COLUMNS = ["program", "kernels", "per_layer", "layer_body", "bytes_MB", "bytes_x", "GFLOP",
+           "flops_x", "GFLOP_w", "flops_w_x",
            "temp_MB", "arg_MB", "out_MB", "alias_MB", "compile_s", "pool_copies", "pool_kernels"]
 
 
@@ -510,14 +511,10 @@ def anatomy(cfg: LlamaConfig, kind: str | None = "eagle3", spec: SpecConfig | No
     iteration. ``programs``: names to compile (default all); ``compiler_options``: see
     :func:`analyse`; ``aot``: compile for that TPU generation without one
     (:data:`AOT_TOPOLOGIES`), tracing as for TPU (:func:`jspec.platform.building_for`)."""
-    if aot is not None:
-        device = aot_device(aot)
-        with building_for("tpu"):
-            return _anatomy(cfg, kind, spec, batch, context, max_new, page_size, temperature,
-                            draft_vocab, programs, log, stacked, compiler_options, device,
-                            kernels)
-    return _anatomy(cfg, kind, spec, batch, context, max_new, page_size, temperature,
-                    draft_vocab, programs, log, stacked, compiler_options, None, kernels)
+    device = aot_device(aot) if aot is not None else None
+    with building_for("tpu") if aot is not None else contextlib.nullcontext():
+        return _anatomy(cfg, kind, spec, batch, context, max_new, page_size, temperature,
+                        draft_vocab, programs, log, stacked, compiler_options, device, kernels)
 
 
 def _anatomy(cfg, kind, spec, batch, context, max_new, page_size, temperature, draft_vocab,
