@@ -130,73 +130,25 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default=None, help="default: 'def fibonacci(n):' for the shipped "
                    "model (it writes Python), 'Once upon a time' otherwise")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--drafter", default=None, choices=["eagle3", "eagle1", "mtp", "medusa"],
+                   help="calibrate this shipped drafter only (default: all of them)")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure the drafter/tree pick again instead of reading the stored one")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="warm plain/speculative pairs timed; the best of each is reported")
+    p.add_argument("--no-compile-cache", dest="compile_cache", action="store_false",
+                   help="do not keep compiled programs in ~/.cache/jspec/xla")
     add_kernels_arg(p)
 
 
 def run_demo(args) -> int:
-    """Speculative generation with the shipped EAGLE-3 drafter, timed against plain decoding.
-
-    Both run twice on the same prompt (greedy, same ``max_new_tokens``); the second, warm call
-    of each is timed. Greedy speculative decoding must give the target's own tokens, so the
-    demo checks they are identical. Models without a shipped drafter (stories260K) decode
-    plainly.
-    """
-    import jspec
-    from jspec.drafters import load_drafter
-
-    path = Path(args.model) if args.model else default_model()
-    target = jspec.load_target(path)
-    print(f"model: {path} ({target.config.num_layers} layers, hidden {target.config.hidden_size}, "
-          f"vocab {target.config.vocab_size})")
-    # The shipped layout: checkpoints/default/{target,drafters/eagle3} (checkpoints/default
-    # itself is an alias of its target).
-    here = path.resolve()
-    shipped = here.parent if here.name == "target" else here
-    drafter_dir = shipped / "drafters" / "eagle3"
-    is_default = (shipped / "target").is_dir() and (shipped / "drafters").is_dir()
-    prompt = args.prompt
-    if prompt is None:
-        prompt = "def fibonacci(n):" if is_default else "Once upon a time"
-    n = args.max_new_tokens
-
-    def show(res):
-        return prompt + (res.text[0] if res.text else " ".join(map(str, res.tokens[0])))
-
-    kernels = args.kernels
-    first = jspec.generate(target, [prompt], max_new_tokens=n, kernels=kernels)
-    plain = jspec.generate(target, [prompt], max_new_tokens=n, kernels=kernels)
-    if not (drafter_dir / "jspec_drafter.json").exists():
-        print(show(plain))
-        print(f"plain decoding: {len(plain.tokens[0])} tokens, {plain.tokens_per_s:.1f} tok/s "
-              f"(first call {first.wall_s:.2f}s including compilation)")
-        print(f"note: no drafter shipped for this model ({drafter_dir} is absent), so no "
-              "speculative decoding")
-        return 0
-    drafter = load_drafter(drafter_dir, target.config)
-    spec = drafter.default_spec
-    sfirst = jspec.generate(target, [prompt], max_new_tokens=n, drafter=drafter, kernels=kernels)
-    fast = jspec.generate(target, [prompt], max_new_tokens=n, drafter=drafter, kernels=kernels)
-    same = fast.tokens == plain.tokens
-    print(f"drafter: {drafter_dir} ({drafter.kind}, tree (steps {spec.num_steps}, top-k "
-          f"{spec.topk}, {spec.num_draft_tokens} draft tokens))")
-    print(show(fast))
-    print(f"plain decoding:       {len(plain.tokens[0])} tokens in {plain.wall_s:.3f}s, "
-          f"{plain.tokens_per_s:.1f} tok/s (first call {first.wall_s:.2f}s incl. compilation)")
-    print(f"speculative decoding: {len(fast.tokens[0])} tokens in {fast.wall_s:.3f}s, "
-          f"{fast.tokens_per_s:.1f} tok/s (first call {sfirst.wall_s:.2f}s incl. compilation)")
-    st = fast.stats[0]
-    print(f"mean accept length: {st['mean_accept_len']:.2f} tokens per verify pass "
-          f"({st['iterations']} verify passes for {st['new_tokens']} tokens)")
-    speedup = plain.wall_s / fast.wall_s
-    print(f"speedup over plain decoding: {speedup:.2f}x (warm calls, greedy)")
-    if speedup < 1:
-        print("note: this target is so small that one plain step costs less than the drafting "
-              "and tree-verify overhead of a speculative step; speculation pays off when the "
-              "target's forward pass dominates (larger models)")
-    print(f"tokens identical to plain decoding: {'yes' if same else 'NO'}")
-    if not same:
-        raise RuntimeError("speculative greedy tokens differ from plain decoding")
-    return 0
+    """Speculative generation with the shipped model; see :mod:`jspec.demo`."""
+    from jspec import demo
+    if args.max_new_tokens < 1 or args.repeats < 1:
+        raise ValueError("--max-new-tokens and --repeats must be >= 1")
+    return demo.run(args.model, args.prompt, args.max_new_tokens, recalibrate=args.recalibrate,
+                    repeats=args.repeats, drafter_kind=args.drafter, kernels=args.kernels,
+                    compile_cache=args.compile_cache)
 
 
 COMMANDS = {

@@ -1,12 +1,13 @@
 """The drafters shipped with the default target (``checkpoints/default/drafters``).
 
 Each loads with :func:`jspec.drafters.load_drafter`, and greedy speculative generation with
-it gives exactly the target's plain greedy tokens; ``python -m jspec demo`` runs the EAGLE-3
-one and reports its accept length and speedup.
+it gives exactly the target's plain greedy tokens; ``python -m jspec demo`` picks a drafter
+and tree by timing candidates, stores the pick, and reports accept length and speedup.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from jspec.spec_config import SpecConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "checkpoints" / "default"
@@ -61,13 +64,52 @@ def test_drafter_loads_and_is_exact(kind, target, plain):
     assert all(s["mean_accept_len"] >= 1.0 for s in res.stats)
 
 
-def test_demo_runs_speculative():
-    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
-    out = subprocess.run([sys.executable, "-m", "jspec", "demo", "--max-new-tokens", "32"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+def _demo(cache, *args):
+    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"),
+           "JSPEC_CACHE_DIR": str(cache)}
+    out = subprocess.run([sys.executable, "-m", "jspec", "demo", "--max-new-tokens", "16",
+                          "--repeats", "1", "--drafter", "eagle3", *args],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    text = out.stdout
-    assert "drafters/eagle3" in text and "def fibonacci(n):" in text
-    assert "mean accept length:" in text
-    assert "speedup over plain decoding:" in text
+    return out.stdout, out.stderr
+
+
+def test_demo_calibrates_once_and_runs_speculative(tmp_path):
+    text, err = _demo(tmp_path)
+    # Round 1 (a 4-step chain) and round 2 (its neighbours, the default tree) were timed.
+    assert "eagle3 chain(4)" in text and "eagle3 chain(3)" in text
+    assert "eagle3 tree(5,4,8)" in text
+    assert "compiling ..." in err                     # the progress lines
+    assert "picked: eagle3" in text and "def fibonacci(n):" in text
+    for line in ("mean accept length:", "plain decoding:", "speculative decoding:", "speedup:"):
+        assert line in text
     assert "tokens identical to plain decoding: yes" in text
+    rec, = (tmp_path / "calibration").glob("demo-*-n16.json")
+    stored = json.loads(rec.read_text())
+    assert stored["pick"] == stored["candidates"][0]["candidate"]
+    assert stored["candidates"][0]["tokens_per_s"] == max(
+        r["tokens_per_s"] for r in stored["candidates"])
+    # The second run reads the stored pick instead of calibrating again.
+    text2, err2 = _demo(tmp_path)
+    assert "measured earlier on this machine" in text2
+    assert f"picked: {text.split('picked: ')[1].splitlines()[0]}" in text2
+    assert "tokens identical to plain decoding: yes" in text2
+
+
+def test_second_round_follows_the_accept_histogram():
+    from jspec import demo
+
+    class FakeDrafter:
+        default_spec = SpecConfig(5, 4, 8)
+    row = {"candidate": {"kind": "eagle1", "spec": (4, 1, 5)}}
+    often_full = demo.second_round({**row, "accept_hist": [0, 1, 1, 1, 1, 6]}, {"eagle1": FakeDrafter})
+    assert [c.spec for c in often_full] == [(3, 1, 4), (5, 1, 6), (5, 4, 8)]
+    rarely_full = demo.second_round({**row, "accept_hist": [0, 6, 1, 1, 1, 1]}, {"eagle1": FakeDrafter})
+    assert [c.spec for c in rarely_full] == [(3, 1, 4), (5, 4, 8)]
+
+    class MedusaLike:
+        default_spec = None
+    m = demo.second_round({"candidate": {"kind": "medusa", "spec": (4, 1, 5)},
+                           "accept_hist": [0, 9, 1, 0, 0, 0]}, {"medusa": MedusaLike})
+    assert [(c.spec, c.label) for c in m] == [((3, 1, 4), "medusa chain(3)"),
+                                              (None, "medusa default tree")]

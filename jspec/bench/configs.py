@@ -13,6 +13,10 @@ RANDOM_CONFIGS: dict[str, LlamaConfig] = {
                         num_heads=4, num_kv_heads=2, head_dim=16, rope=LLAMA3_ROPE,
                         tie_word_embeddings=False, max_position_embeddings=131072,
                         bos_token_id=1, eos_token_ids=(2,)),
+    # The shipped default target's shape (checkpoints/default): deep and thin, 6.7M parameters.
+    "deep16": LlamaConfig(vocab_size=2048, hidden_size=192, intermediate_size=512, num_layers=16,
+                          num_heads=6, num_kv_heads=2, head_dim=32, tie_word_embeddings=True,
+                          max_position_embeddings=2048, bos_token_id=0, eos_token_ids=(1,)),
     # ~100M parameters (tied embeddings): 12 x 6.29M blocks + 24.6M embedding.
     "100m": LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_layers=12,
                         num_heads=12, num_kv_heads=4, head_dim=64, rope=LLAMA3_ROPE,

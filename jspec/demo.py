@@ -1,0 +1,279 @@
+"""``python -m jspec demo``: speculative generation with the shipped model, timed against plain.
+
+The drafter and tree are picked by measurement on the machine at hand, not by a guess. The
+calibration times each candidate (drafter, tree) on held-out prompts that are not the demo's
+prompt, in two rounds:
+
+1. every shipped drafter with a 4-step chain (its accept histogram says how deep to go);
+2. around the fastest: one step shorter, one longer (when its chain was often fully accepted)
+   and the drafter's default tree.
+
+Each candidate compiles once (the calibration prints each compile's time) and is timed warm,
+each prompt's best of two calls. The fastest measured candidate wins. The result is
+stored in ``~/.cache/jspec/calibration`` (``$JSPEC_CACHE_DIR``), keyed by the checkpoints'
+contents, the device and the jax version, so later runs skip it; ``--recalibrate`` redoes it.
+Compiled programs go to JAX's persistent cache in ``~/.cache/jspec/xla`` (unless one is
+configured already; ``--no-compile-cache`` leaves it off).
+
+The demo then times warm plain and speculative calls side by side on the demo prompt (best of
+``--repeats``, interleaved), prints the text, the mean accept length, both rates, the speedup
+and whether the tokens are identical (greedy speculative decoding must give the target's own
+tokens; a difference is an error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import jax
+
+DRAFTER_ORDER = ("eagle3", "eagle1", "mtp", "medusa")
+FIRST_CHAIN = 4           # round 1's chain length: deep enough to see how acceptance decays
+CALIBRATION_PROMPTS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    kind: str                     # drafter kind
+    spec: tuple | None            # (S, K, N); None: the drafter's default (Medusa's static tree)
+
+    @property
+    def label(self) -> str:
+        if self.spec is None:
+            return f"{self.kind} default tree"
+        S, K, N = self.spec
+        return f"{self.kind} chain({S})" if K == 1 else f"{self.kind} tree({S},{K},{N})"
+
+    def spec_config(self):
+        from jspec.spec_config import SpecConfig
+        return None if self.spec is None else SpecConfig(*self.spec)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("JSPEC_CACHE_DIR", Path.home() / ".cache" / "jspec"))
+
+
+def fingerprint(paths) -> str:
+    """A key that changes when a checkpoint's contents, the device or jax does."""
+    h = hashlib.sha256()
+    for p in paths:
+        for f in sorted(Path(p).rglob("*")):
+            if f.is_file():
+                h.update(str(f.relative_to(p)).encode())
+                h.update(f.read_bytes())
+    d = jax.devices()[0]
+    h.update(f"{d.platform}|{d.device_kind}|{os.cpu_count()}|{jax.__version__}".encode())
+    return h.hexdigest()[:20]
+
+
+def _first_call(label: str, fn: Callable[[], object]):
+    """Run ``fn``, a call that compiles, saying what compiles and how long it took."""
+    print(f"  {label}: compiling ...", end="", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    out = fn()
+    print(f" {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
+    return out
+
+
+def _kwargs(drafters, cand: Candidate | None) -> dict:
+    return {} if cand is None else {"drafter": drafters[cand.kind], "spec": cand.spec_config()}
+
+
+def _first_call(label: str, fn: Callable[[], object]):
+    """Run ``fn``, a call that compiles, saying what compiles and how long it took."""
+    print(f"  {label}: compiling ...", end="", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    out = fn()
+    print(f" {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
+    return out
+
+
+def _run(gen, drafters, cand: Candidate | None, prompts, n):
+    """Generate ``n`` tokens for each prompt (batch 1, one after another)."""
+    kw = {} if cand is None else {"drafter": drafters[cand.kind], "spec": cand.spec_config()}
+    return [gen([p], max_new_tokens=n, **kw) for p in prompts]
+
+
+def _measure(gen, drafters, cand, prompts, n, repeats=2) -> dict:
+    """Warm rates on ``prompts``: each prompt's best of ``repeats`` calls."""
+    res = [min((gen([p], max_new_tokens=n, **_kwargs(drafters, cand)) for _ in range(repeats)),
+               key=lambda r: r.wall_s) for p in prompts]
+    toks = sum(len(r.tokens[0]) for r in res)
+    row = {"candidate": None if cand is None else dataclasses.asdict(cand),
+           "label": "plain" if cand is None else cand.label,
+           "tokens": toks, "wall_s": sum(r.wall_s for r in res)}
+    row["tokens_per_s"] = toks / row["wall_s"]
+    if cand is not None:
+        hist = [sum(h) for h in zip(*(r.stats[0]["accept_hist"] for r in res))]
+        row["accept_hist"] = hist
+        row["mean_accept_len"] = sum(i * c for i, c in enumerate(hist)) / max(1, sum(hist))
+    return row
+
+
+def _round(gen, drafters, cands, prompts, n) -> list[dict]:
+    rows = []
+    for c in cands:
+        label = "plain" if c is None else c.label
+        _first_call(label, lambda: gen(prompts[:1], max_new_tokens=n, **_kwargs(drafters, c)))
+        rows.append(_measure(gen, drafters, c, prompts, n))
+        r = rows[-1]
+        acc = f"{r['mean_accept_len']:.2f} tokens/verify, " if c is not None else ""
+        print(f"  {label}: {acc}{r['tokens_per_s']:.1f} tok/s", file=sys.stderr, flush=True)
+    return rows
+
+
+def second_round(best: dict, drafters) -> list[Candidate]:
+    """Shapes around round 1's fastest drafter, chosen from its accept histogram."""
+    kind = best["candidate"]["kind"]
+    S = best["candidate"]["spec"][0]
+    hist = best["accept_hist"]
+    full = hist[S + 1] / max(1, sum(hist)) if len(hist) > S + 1 else 0.0
+    cands = [Candidate(kind, (S - 1, 1, S))] if S > 1 else []
+    if full > 0.3:               # the whole chain was often accepted: a longer one may pay
+        cands.append(Candidate(kind, (S + 1, 1, S + 2)))
+    d = drafters[kind].default_spec
+    default = Candidate(kind, None if d is None else
+                        (d.num_steps, d.topk, d.num_draft_tokens))
+    if default.spec is None or default.spec[1] > 1 or default.spec[0] not in (S - 1, S, S + 1):
+        cands.append(default)
+    return cands
+
+
+def calibrate(gen, drafters: dict, prompts: list[str], n: int) -> dict:
+    """Time plain decoding and the candidates on ``prompts`` with ``gen`` (``jspec.generate``
+    bound to a target); returns the calibration record."""
+    first = [Candidate(k, (FIRST_CHAIN, 1, FIRST_CHAIN + 1)) for k in drafters]
+    plain_row, *rows = _round(gen, drafters, [None, *first], prompts, n)
+    best = max(rows, key=lambda r: r["tokens_per_s"])
+    rows += _round(gen, drafters, second_round(best, drafters), prompts, n)
+    rows.sort(key=lambda r: -r["tokens_per_s"])
+    return {"plain": plain_row, "candidates": rows, "pick": rows[0]["candidate"],
+            "prompts": prompts, "max_new_tokens": n, "device": str(jax.devices()[0]),
+            "cpu_count": os.cpu_count(), "jax": jax.__version__}
+
+
+def print_calibration(rec: dict, out=sys.stdout) -> None:
+    plain = rec["plain"]["tokens_per_s"]
+    print(f"{'candidate':<24} {'accept len':>10} {'tok/s':>8} {'vs plain':>9}", file=out)
+    print(f"{'plain':<24} {1.0:>10.2f} {plain:>8.1f} {1.0:>8.2f}x", file=out)
+    for r in rec["candidates"]:
+        print(f"{r['label']:<24} {r['mean_accept_len']:>10.2f} {r['tokens_per_s']:>8.1f} "
+              f"{r['tokens_per_s'] / plain:>8.2f}x", file=out)
+
+
+def load_or_calibrate(gen, drafters, drafter_paths, model_path, prompts, n, recalibrate,
+                      log=print) -> dict:
+    key = fingerprint([model_path, *drafter_paths])
+    f = cache_dir() / "calibration" / f"demo-{key}-n{n}.json"
+    if f.is_file() and not recalibrate:
+        rec = json.loads(f.read_text())
+        log(f"calibration: measured earlier on this machine ({f}; --recalibrate redoes it)")
+        return rec
+    log(f"calibration: timing {len(drafters)} drafters and a few trees on {len(prompts)} held-out "
+        f"prompts (once per machine; stored in {f})")
+    t0 = time.perf_counter()
+    rec = calibrate(gen, drafters, prompts, n)
+    rec["wall_s"] = time.perf_counter() - t0
+    f.parent.mkdir(parents=True, exist_ok=True)
+    tmp = f.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(rec, indent=1))
+    os.replace(tmp, f)
+    log(f"calibration took {rec['wall_s']:.0f}s")
+    return rec
+
+
+def shipped_drafters(model_path: Path) -> dict[str, Path]:
+    """The drafters shipped beside a target (``DIR/target`` + ``DIR/drafters/KIND``)."""
+    here = model_path.resolve()
+    root = here.parent if here.name == "target" else here
+    d = root / "drafters"
+    return {k: d / k for k in DRAFTER_ORDER if (d / k / "jspec_drafter.json").is_file()}
+
+
+def calibration_prompts(drafters_dir: Path, demo_prompt: str) -> list[str]:
+    f = drafters_dir / "heldout_prompts.txt"
+    lines = f.read_text().splitlines() if f.is_file() else ["def main():", "class Parser:"]
+    return [p for p in lines if p.strip() and p != demo_prompt][:CALIBRATION_PROMPTS]
+
+
+def timed_pair(gen, drafter, spec, prompt, n, repeats):
+    """Warm plain and speculative calls, interleaved; the best of ``repeats`` of each."""
+    plain, fast = [], []
+    for _ in range(repeats):
+        plain.append(gen([prompt], max_new_tokens=n))
+        fast.append(gen([prompt], max_new_tokens=n, drafter=drafter, spec=spec))
+    return min(plain, key=lambda r: r.wall_s), min(fast, key=lambda r: r.wall_s)
+
+
+def run(model: str | None, prompt: str | None, n: int, *, recalibrate: bool = False,
+        repeats: int = 3, drafter_kind: str | None = None, kernels: str = "auto",
+        compile_cache: bool = True) -> int:
+    import functools
+
+    import jspec
+    from jspec.cli import default_model
+    from jspec.drafters import load_drafter
+
+    if compile_cache and not jax.config.jax_compilation_cache_dir:
+        # Compiling the unrolled 16-layer default target takes 10-25 s a program on 2 cores;
+        # JAX's persistent cache makes every run after the first start in seconds.
+        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "xla"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    path = Path(model) if model else default_model()
+    target = jspec.load_target(path)
+    cfg = target.config
+    gen = functools.partial(jspec.generate, target, kernels=kernels)
+    print(f"model: {path} ({cfg.num_layers} layers, hidden {cfg.hidden_size}, "
+          f"vocab {cfg.vocab_size})")
+    paths = shipped_drafters(path)
+    if drafter_kind is not None:
+        if drafter_kind not in paths:
+            raise FileNotFoundError(f"no shipped {drafter_kind} drafter beside {path} "
+                                    f"(have: {', '.join(paths) or 'none'})")
+        paths = {drafter_kind: paths[drafter_kind]}
+    if prompt is None:
+        prompt = "def fibonacci(n):" if paths else "Once upon a time"
+    show = lambda res: prompt + (res.text[0] if res.text else " ".join(map(str, res.tokens[0])))
+    if not paths:
+        _first_call("plain", lambda: gen([prompt], max_new_tokens=n))
+        plain = gen([prompt], max_new_tokens=n)
+        print(show(plain))
+        print(f"plain decoding: {len(plain.tokens[0])} tokens, {plain.tokens_per_s:.1f} tok/s")
+        print("note: no drafters are shipped beside this model, so no speculative decoding")
+        return 0
+    drafters = {k: load_drafter(p, cfg) for k, p in paths.items()}
+    root = next(iter(paths.values())).parent
+    rec = load_or_calibrate(gen, drafters, list(paths.values()), path,
+                            calibration_prompts(root, prompt), n, recalibrate)
+    print_calibration(rec)
+    pick = Candidate(rec["pick"]["kind"], None if rec["pick"]["spec"] is None
+                     else tuple(rec["pick"]["spec"]))
+    print(f"picked: {pick.label} (fastest measured)")
+    drafter, spec = drafters[pick.kind], pick.spec_config()
+    # The calibration's programs serve the demo prompt too, unless it is long.
+    gen([prompt], max_new_tokens=n)
+    gen([prompt], max_new_tokens=n, drafter=drafter, spec=spec)
+    plain, fast = timed_pair(gen, drafter, spec, prompt, n, repeats)
+    same = fast.tokens == plain.tokens
+    print()
+    print(show(fast))
+    print()
+    st = fast.stats[0]
+    print(f"mean accept length:   {st['mean_accept_len']:.2f} tokens per verify pass "
+          f"({st['iterations']} passes for {st['new_tokens']} tokens)")
+    print(f"plain decoding:       {plain.tokens_per_s:7.1f} tok/s ({len(plain.tokens[0])} tokens "
+          f"in {plain.wall_s:.3f}s, warm, best of {repeats})")
+    print(f"speculative decoding: {fast.tokens_per_s:7.1f} tok/s ({len(fast.tokens[0])} tokens "
+          f"in {fast.wall_s:.3f}s, warm, best of {repeats})")
+    print(f"speedup:              {plain.wall_s / fast.wall_s:.2f}x")
+    print(f"tokens identical to plain decoding: {'yes' if same else 'NO'}")
+    if not same:
+        raise RuntimeError("speculative greedy tokens differ from plain decoding")
+    return 0
