@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,6 +51,10 @@ class Candidate:
             return f"{self.kind} default tree"
         S, K, N = self.spec
         return f"{self.kind} chain({S})" if K == 1 else f"{self.kind} tree({S},{K},{N})"
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Candidate | None":
+        return None if d is None else cls(d["kind"], None if d["spec"] is None else tuple(d["spec"]))
 
     def spec_config(self):
         from jspec.spec_config import SpecConfig
@@ -95,12 +100,6 @@ def _first_call(label: str, fn: Callable[[], object]):
     return out
 
 
-def _run(gen, drafters, cand: Candidate | None, prompts, n):
-    """Generate ``n`` tokens for each prompt (batch 1, one after another)."""
-    kw = {} if cand is None else {"drafter": drafters[cand.kind], "spec": cand.spec_config()}
-    return [gen([p], max_new_tokens=n, **kw) for p in prompts]
-
-
 def _measure(gen, drafters, cand, prompts, n, repeats=2) -> dict:
     """Warm rates on ``prompts``: each prompt's best of ``repeats`` calls."""
     res = [min((gen([p], max_new_tokens=n, **_kwargs(drafters, cand)) for _ in range(repeats)),
@@ -117,11 +116,41 @@ def _measure(gen, drafters, cand, prompts, n, repeats=2) -> dict:
     return row
 
 
-def _round(gen, drafters, cands, prompts, n) -> list[dict]:
+def _helpers(ctx: dict, cands: list) -> tuple[list, list]:
+    """Start helper processes that compile a share of ``cands`` into JAX's persistent cache
+    (XLA compiles a program on one core; threads do not overlap here, processes do).
+    Returns (the candidates left to this process, the helpers)."""
+    k = min(len(cands), os.cpu_count() or 1)
+    if k < 2 or not ctx.get("cache"):
+        return cands, []
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": ctx["cache"],
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1"}
+    procs = []
+    for i in range(1, k):
+        job = {**ctx, "cands": [None if c is None else dataclasses.asdict(c)
+                                for c in cands[i::k]]}
+        procs.append(subprocess.Popen([sys.executable, "-m", "jspec.demo", json.dumps(job)],
+                                      env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+    return cands[0::k], procs
+
+
+def _round(gen, drafters, cands, prompts, n, ctx=None) -> list[dict]:
+    mine, procs = _helpers(ctx or {}, cands)
+    if procs:
+        print(f"  compiling {len(cands)} programs in {len(procs) + 1} processes", file=sys.stderr,
+              flush=True)
+    for c in mine:
+        label = "plain" if c is None else c.label
+        _first_call(label, lambda: gen(prompts[:1], max_new_tokens=n, **_kwargs(drafters, c)))
+    for p in procs:
+        if p.wait():     # a helper that failed only costs time: its programs compile here
+            print(f"  (a compile helper exited with {p.returncode})", file=sys.stderr)
     rows = []
     for c in cands:
         label = "plain" if c is None else c.label
-        _first_call(label, lambda: gen(prompts[:1], max_new_tokens=n, **_kwargs(drafters, c)))
+        if c not in mine:
+            _first_call(label, lambda: gen(prompts[:1], max_new_tokens=n, **_kwargs(drafters, c)))
         rows.append(_measure(gen, drafters, c, prompts, n))
         r = rows[-1]
         acc = f"{r['mean_accept_len']:.2f} tokens/verify, " if c is not None else ""
@@ -146,13 +175,14 @@ def second_round(best: dict, drafters) -> list[Candidate]:
     return cands
 
 
-def calibrate(gen, drafters: dict, prompts: list[str], n: int) -> dict:
+def calibrate(gen, drafters: dict, prompts: list[str], n: int, ctx: dict | None = None) -> dict:
     """Time plain decoding and the candidates on ``prompts`` with ``gen`` (``jspec.generate``
-    bound to a target); returns the calibration record."""
+    bound to a target); returns the calibration record. ``ctx`` (model and drafter paths,
+    kernels, the persistent cache directory) lets helper processes compile in parallel."""
     first = [Candidate(k, (FIRST_CHAIN, 1, FIRST_CHAIN + 1)) for k in drafters]
-    plain_row, *rows = _round(gen, drafters, [None, *first], prompts, n)
+    plain_row, *rows = _round(gen, drafters, [None, *first], prompts, n, ctx)
     best = max(rows, key=lambda r: r["tokens_per_s"])
-    rows += _round(gen, drafters, second_round(best, drafters), prompts, n)
+    rows += _round(gen, drafters, second_round(best, drafters), prompts, n, ctx)
     rows.sort(key=lambda r: -r["tokens_per_s"])
     return {"plain": plain_row, "candidates": rows, "pick": rows[0]["candidate"],
             "prompts": prompts, "max_new_tokens": n, "device": str(jax.devices()[0]),
@@ -169,8 +199,8 @@ def print_calibration(rec: dict, out=sys.stdout) -> None:
 
 
 def load_or_calibrate(gen, drafters, drafter_paths, model_path, prompts, n, recalibrate,
-                      log=print) -> dict:
-    key = fingerprint([model_path, *drafter_paths])
+                      kernels="auto", log=print) -> dict:
+    key = fingerprint([model_path, *drafter_paths.values()])
     f = cache_dir() / "calibration" / f"demo-{key}-n{n}.json"
     if f.is_file() and not recalibrate:
         rec = json.loads(f.read_text())
@@ -179,7 +209,10 @@ def load_or_calibrate(gen, drafters, drafter_paths, model_path, prompts, n, reca
     log(f"calibration: timing {len(drafters)} drafters and a few trees on {len(prompts)} held-out "
         f"prompts (once per machine; stored in {f})")
     t0 = time.perf_counter()
-    rec = calibrate(gen, drafters, prompts, n)
+    ctx = {"model": str(model_path), "drafters": {k: str(p) for k, p in drafter_paths.items()},
+           "kernels": kernels, "prompt": prompts[0], "n": n,
+           "cache": jax.config.jax_compilation_cache_dir}
+    rec = calibrate(gen, drafters, prompts, n, ctx)
     rec["wall_s"] = time.perf_counter() - t0
     f.parent.mkdir(parents=True, exist_ok=True)
     tmp = f.with_suffix(f".tmp-{os.getpid()}")
@@ -250,11 +283,10 @@ def run(model: str | None, prompt: str | None, n: int, *, recalibrate: bool = Fa
         return 0
     drafters = {k: load_drafter(p, cfg) for k, p in paths.items()}
     root = next(iter(paths.values())).parent
-    rec = load_or_calibrate(gen, drafters, list(paths.values()), path,
-                            calibration_prompts(root, prompt), n, recalibrate)
+    rec = load_or_calibrate(gen, drafters, paths, path, calibration_prompts(root, prompt), n,
+                            recalibrate, kernels)
     print_calibration(rec)
-    pick = Candidate(rec["pick"]["kind"], None if rec["pick"]["spec"] is None
-                     else tuple(rec["pick"]["spec"]))
+    pick = Candidate.from_dict(rec["pick"])
     print(f"picked: {pick.label} (fastest measured)")
     drafter, spec = drafters[pick.kind], pick.spec_config()
     # The calibration's programs serve the demo prompt too, unless it is long.
@@ -277,3 +309,23 @@ def run(model: str | None, prompt: str | None, n: int, *, recalibrate: bool = Fa
     if not same:
         raise RuntimeError("speculative greedy tokens differ from plain decoding")
     return 0
+
+
+def _compile_job(job: dict) -> None:
+    """A helper process: compile the job's candidates (one generate call each)."""
+    import functools
+
+    import jspec
+    from jspec.drafters import load_drafter
+
+    target = jspec.load_target(job["model"])
+    gen = functools.partial(jspec.generate, target, kernels=job["kernels"])
+    cands = [Candidate.from_dict(c) for c in job["cands"]]
+    drafters = {c.kind: load_drafter(job["drafters"][c.kind], target.config)
+                for c in cands if c is not None}
+    for c in cands:
+        gen([job["prompt"]], max_new_tokens=job["n"], **_kwargs(drafters, c))
+
+
+if __name__ == "__main__":
+    _compile_job(json.loads(sys.argv[1]))
