@@ -171,17 +171,21 @@ class SpecDecoder:
         """Walk or sample, commit the accepted path, extend the drafter, emit tokens."""
         live = ~s.done
         keys = jax.vmap(jax.random.fold_in)(s.row_keys, s.iterations + 1)
-        if self.forced_accept:
-            idx, n, bonus = self.force_accept(tree, logits, keys)
-        else:
-            idx, n, bonus = self.walk(tree, logits, keys)
+        with jax.named_scope("walk"):
+            if self.forced_accept:
+                idx, n, bonus = self.force_accept(tree, logits, keys)
+            else:
+                idx, n, bonus = self.walk(tree, logits, keys)
         n = jnp.where(live, n, 0)
         S, N = self.shape
         # A chain's accepted nodes are 0 .. n-1, and so are forced accepts: no KV moves.
-        cache, acc_feats = commit_accepted(cache, feats, idx, n,
-                                           contiguous=N == S + 1 or bool(self.forced_accept))
+        with jax.named_scope("commit"):
+            cache, acc_feats = commit_accepted(cache, feats, idx, n,
+                                               contiguous=N == S + 1 or bool(self.forced_accept))
         toks, _ = emitted_tokens(tree, idx, jnp.maximum(n, 1), bonus)
-        dstate = self.drafter.extend(dparams, (self.config, params), s.draft, acc_feats, toks, n)
+        with jax.named_scope("extend"):
+            dstate = self.drafter.extend(dparams, (self.config, params), s.draft, acc_feats,
+                                         toks, n)
         hist = s.accept_hist.at[jnp.arange(toks.shape[0]), n].add(live.astype(jnp.int32))
         s = s.replace(cache=cache, draft=dstate, root=jnp.where(live, bonus, s.root),
                       iterations=s.iterations + live.astype(jnp.int32), accept_hist=hist,
@@ -189,9 +193,15 @@ class SpecDecoder:
         return self.emit(s, toks, n, stop_ids, max_new)
 
     def iterate(self, params, dparams, s: SpecState, stop_ids, max_new) -> SpecState:
-        tree = self.draft_phase(params, dparams, s)
-        logits, feats, cache = self.verify(params, s.cache, tree)
-        return self.finish_phase(params, dparams, s, tree, logits, feats, cache, stop_ids, max_new)
+        # Named scopes put the phase into every op's metadata, so a profile of the compiled
+        # loop can be split into draft / verify / finish without host round trips.
+        with jax.named_scope("draft"):
+            tree = self.draft_phase(params, dparams, s)
+        with jax.named_scope("verify"):
+            logits, feats, cache = self.verify(params, s.cache, tree)
+        with jax.named_scope("finish"):
+            return self.finish_phase(params, dparams, s, tree, logits, feats, cache, stop_ids,
+                                     max_new)
 
     # ------------------------------------------------------------------ run
     def initial_state(self, params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids,

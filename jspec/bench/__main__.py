@@ -93,6 +93,9 @@ def main(argv=None):
     if argv[:1] == ["kernels"]:          # its own parser: a device script, see kernels.py
         from jspec.bench import kernels
         return kernels.main(argv[1:])
+    if argv[:1] == ["phases"]:           # its own parser: sets XLA_FLAGS before JAX starts
+        from jspec.bench import phases
+        return phases.main(argv[1:])
     if argv[:1] == ["device"]:           # its own parser: the prepared H200 script, see device.py
         from jspec.bench import device
         return device.main(argv[1:])
