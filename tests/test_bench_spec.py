@@ -100,3 +100,23 @@ def test_variants_and_ideal():
     (m1, s1), (m2, s2) = spec.variants(d)
     assert (m1, s1.num_steps, s1.topk) == ("chain", 4, 1) and (m2, s2) == ("tree", None)
     assert spec.ideal_speedup(3.0, 1.5, 0.1) == pytest.approx(3.0 / 2.0)
+
+
+def test_text_prompts_run_one_at_a_time_with_checkpoint_drafters():
+    """``--prompts``: real prompts at batch 1, in turn, with a trained drafter (the shipped
+    default's MTP); greedy tokens must equal plain decoding's."""
+    from pathlib import Path
+
+    import jspec
+    root = Path(__file__).resolve().parents[1] / "checkpoints" / "default"
+    if not (root / "drafters" / "mtp").is_dir():
+        pytest.skip("checkpoints/default/drafters not shipped")
+    target = jspec.load_target(root)
+    prompts = ["import os\n", "class Scanner:"]
+    rows = spec.run_spec(target, new_tokens=8, repeats=1, kinds=(), text_prompts=prompts,
+                         drafter_paths=[str(root / "drafters" / "mtp")], log=None)
+    assert [r["drafter"] for r in rows] == ["plain", "mtp", "mtp"]
+    assert all(r["same tokens"] for r in rows)
+    assert all(r["accept len"] >= 1.0 for r in rows[1:])
+    # Both prompts made their 8 tokens: the rate counts 16 tokens per call.
+    assert rows[0]["tokens/s"] == pytest.approx(16 / rows[0]["median s"])

@@ -45,8 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt-len", type=int, default=32)
     s.add_argument("--drafter", metavar="PATH", nargs="+", default=[],
                    help="drafter checkpoints (jspec Orbax or HF EAGLE/EAGLE-3/Medusa/MTP layouts)")
-    s.add_argument("--kinds", nargs="+", default=["eagle1", "eagle3", "mtp", "medusa"],
-                   help="random-weight drafters to run (the oracle always runs)")
+    s.add_argument("--kinds", nargs="*", default=None,
+                   help="random-weight drafters to run (default: all four, none with --prompts; "
+                        "the oracle runs unless --prompts)")
+    s.add_argument("--prompts", metavar="FILE", default=None,
+                   help="text prompts, one per line, run one at a time at batch 1 instead of "
+                        "random-token prompts (needs a tokenizer)")
+    s.add_argument("--num-prompts", type=int, default=8, help="with --prompts: how many lines")
     s.add_argument("--simulate", metavar="E", type=float, nargs="+", default=None,
                    help="part B: forced mean accept lengths (e.g. 2 3 4)")
     s.add_argument("--sim-drafter", default="eagle3", choices=["eagle1", "eagle3", "mtp"],

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import os
 import statistics
+from pathlib import Path
 from typing import Sequence
 
 import jax
@@ -133,19 +134,39 @@ def load_checkpoint_drafters(paths: Sequence[str], target: Target) -> list:
 # --------------------------------------------------------------------------- part A
 def run_spec(target: Target, batch: int = 1, new_tokens: int = 128, prompt_len: int = 32,
              repeats: int = 3, drafter_paths: Sequence[str] = (), kinds: Sequence[str] = RANDOM_KINDS,
-             oracle: bool = True, seed: int = 0, log=print) -> list[dict]:
+             oracle: bool = True, seed: int = 0, text_prompts: Sequence[str] | None = None,
+             log=print) -> list[dict]:
     """Rows: ``plain`` first, then one row per (drafter, chain/tree). Extra keys per row:
-    ``median s``, ``first s``, ``spec`` (S, K, N as a list) and ``exact`` (same tokens)."""
+    ``median s``, ``first s``, ``spec`` (S, K, N as a list) and ``exact`` (same tokens).
+    ``text_prompts``: run these (tokenized, batch 1 each, one after another) instead of
+    ``batch`` random-token prompts."""
     import jspec
     from jspec.drafters import Drafter, Oracle
+    from jspec.generate import GenerationResult
 
     cfg = target.config
-    prompts = make_prompts(cfg, batch, prompt_len, seed + batch)
-    plist = prompts.tolist()
-    total = batch * new_tokens
+    if text_prompts:
+        # Real prompts, one at a time at batch 1 (the demo's setting); the rows of a call's
+        # result are the prompts. The oracle needs one batch, so it does not run here.
+        ids = [target.tokenizer.encode(p) for p in text_prompts]
+        total, oracle = len(ids) * new_tokens, False
 
-    def gen(**kw):
-        return lambda: jspec.generate(target, plist, max_new_tokens=new_tokens, stop_ids=[], **kw)
+        def gen(**kw):
+            def call():
+                res = [jspec.generate(target, [p], max_new_tokens=new_tokens, stop_ids=[], **kw)
+                       for p in ids]
+                return GenerationResult(tokens=[r.tokens[0] for r in res],
+                                        stats=[r.stats[0] for r in res],
+                                        wall_s=sum(r.wall_s for r in res))
+            return call
+    else:
+        prompts = make_prompts(cfg, batch, prompt_len, seed + batch)
+        plist = prompts.tolist()
+        total = batch * new_tokens
+
+        def gen(**kw):
+            return lambda: jspec.generate(target, plist, max_new_tokens=new_tokens, stop_ids=[],
+                                          **kw)
 
     # The plain warm-up call gives the oracle its future; all timing happens below.
     plain_call = gen()
@@ -337,13 +358,25 @@ def main(args) -> dict:
     print(describe(target, source))
     print(f"part A: batch {batch}, prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, "
           f"greedy, median of {args.repeats} calls after one warm-up")
+    text = None
+    if getattr(args, "prompts", None):
+        if batch != 1:
+            raise SystemExit("--prompts runs its prompts one at a time at batch 1; drop --batch")
+        if target.tokenizer is None:
+            raise SystemExit("--prompts needs a target with a tokenizer")
+        text = [ln for ln in Path(args.prompts).read_text().splitlines() if ln.strip()]
+        text = text[:getattr(args, "num_prompts", 8)]
+        print(f"prompts: the first {len(text)} lines of {args.prompts}, batch 1 each, in turn")
+    kinds = args.kinds if args.kinds is not None else (() if text else RANDOM_KINDS)
     rows = run_spec(target, batch, args.new_tokens, args.prompt_len, args.repeats,
-                    args.drafter or (), kinds=args.kinds, seed=args.seed)
+                    args.drafter or (), kinds=kinds, seed=args.seed, text_prompts=text)
     print()
     print(common.format_table(rows, COLUMNS))
+    who = (f"prompts from {args.prompts}; --drafter checkpoints" if text else
+           "random-weight drafters, so their accept length is ~1; oracle = the plain greedy "
+           "continuation planted as the best path")
     print(f"\n(tokens/s: all rows' tokens / median wall_s, prefill included; speedup: over plain "
-          f"in this run, all variants timed round-robin; random-weight drafters, so their accept length is ~1; oracle = the plain "
-          f"greedy continuation planted as the best path. load avg {common.load_avg()})")
+          f"in this run, all variants timed round-robin; {who}. load avg {common.load_avg()})")
     payload = {"benchmark": "spec", "model": source, "description": describe(target, source),
                "batch": batch, "prompt len": args.prompt_len, "new tokens": args.new_tokens,
                "repeats": args.repeats, "columns": COLUMNS, "rows": rows}
