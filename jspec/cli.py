@@ -127,7 +127,7 @@ def default_model() -> Path:
 def add_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="default: checkpoints/default/target, else stories260K")
-    p.add_argument("--prompt", default=None, help="default: 'def fibonacci(n):' for the shipped "
+    p.add_argument("--prompt", default=None, help="default: 'import os\\n' for the shipped "
                    "model (it writes Python), 'Once upon a time' otherwise")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--drafter", default=None, choices=["eagle3", "eagle1", "mtp", "medusa"],

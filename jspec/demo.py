@@ -38,6 +38,8 @@ import jax
 DRAFTER_ORDER = ("eagle3", "eagle1", "mtp", "medusa")
 FIRST_CHAIN = 4           # round 1's chain length: deep enough to see how acceptance decays
 CALIBRATION_PROMPTS = 3
+# The shipped model's most Python-like greedy text starts here (checkpoints/README.md).
+SHIPPED_PROMPT = "import os\n"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,8 +208,8 @@ def load_or_calibrate(gen, drafters, drafter_paths, model_path, prompts, n, reca
         rec = json.loads(f.read_text())
         log(f"calibration: measured earlier on this machine ({f}; --recalibrate redoes it)")
         return rec
-    log(f"calibration: timing {len(drafters)} drafters and a few trees on {len(prompts)} held-out "
-        f"prompts (once per machine; stored in {f})")
+    log(f"calibration: timing {', '.join(drafters)} with a few chains and trees on "
+        f"{len(prompts)} held-out prompts (once per machine; stored in {f})")
     t0 = time.perf_counter()
     ctx = {"model": str(model_path), "drafters": {k: str(p) for k, p in drafter_paths.items()},
            "kernels": kernels, "prompt": prompts[0], "n": n,
@@ -272,7 +274,7 @@ def run(model: str | None, prompt: str | None, n: int, *, recalibrate: bool = Fa
                                     f"(have: {', '.join(paths) or 'none'})")
         paths = {drafter_kind: paths[drafter_kind]}
     if prompt is None:
-        prompt = "def fibonacci(n):" if paths else "Once upon a time"
+        prompt = SHIPPED_PROMPT if paths else "Once upon a time"
     show = lambda res: prompt + (res.text[0] if res.text else " ".join(map(str, res.tokens[0])))
     if not paths:
         _first_call("plain", lambda: gen([prompt], max_new_tokens=n))

@@ -80,7 +80,7 @@ def test_demo_calibrates_once_and_runs_speculative(tmp_path):
     assert "eagle3 chain(4)" in text and "eagle3 chain(3)" in text
     assert "eagle3 tree(5,4,8)" in text
     assert "compiling ..." in err                     # the progress lines
-    assert "picked: eagle3" in text and "def fibonacci(n):" in text
+    assert "picked: eagle3" in text and "import os" in text
     for line in ("mean accept length:", "plain decoding:", "speculative decoding:", "speedup:"):
         assert line in text
     assert "tokens identical to plain decoding: yes" in text
