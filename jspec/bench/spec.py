@@ -356,8 +356,6 @@ def main(args) -> dict:
     target, source = load(args.model, args.random_config, args.dtype, args.seed)
     batch = args.batch[0] if isinstance(args.batch, (list, tuple)) else args.batch
     print(describe(target, source))
-    print(f"part A: batch {batch}, prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, "
-          f"greedy, median of {args.repeats} calls after one warm-up")
     text = None
     if getattr(args, "prompts", None):
         if batch != 1:
@@ -367,6 +365,9 @@ def main(args) -> dict:
         text = [ln for ln in Path(args.prompts).read_text().splitlines() if ln.strip()]
         text = text[:getattr(args, "num_prompts", 8)]
         print(f"prompts: the first {len(text)} lines of {args.prompts}, batch 1 each, in turn")
+    shape = "" if text else f", prompt {args.prompt_len} tokens"
+    print(f"part A: batch {batch}{shape}, {args.new_tokens} new tokens, greedy, median of "
+          f"{args.repeats} calls after one warm-up")
     kinds = args.kinds if args.kinds is not None else (() if text else RANDOM_KINDS)
     rows = run_spec(target, batch, args.new_tokens, args.prompt_len, args.repeats,
                     args.drafter or (), kinds=kinds, seed=args.seed, text_prompts=text)
