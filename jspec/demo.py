@@ -203,7 +203,7 @@ def print_calibration(rec: dict, out=sys.stdout) -> None:
 def load_or_calibrate(gen, drafters, drafter_paths, model_path, prompts, n, recalibrate,
                       kernels="auto", log=print) -> dict:
     key = fingerprint([model_path, *drafter_paths.values()])
-    f = cache_dir() / "calibration" / f"demo-{key}-n{n}.json"
+    f = cache_dir() / "calibration" / f"demo-{key}-n{n}-{kernels}.json"
     if f.is_file() and not recalibrate:
         rec = json.loads(f.read_text())
         log(f"calibration: measured earlier on this machine ({f}; --recalibrate redoes it)")
@@ -291,9 +291,10 @@ def run(model: str | None, prompt: str | None, n: int, *, recalibrate: bool = Fa
     pick = Candidate.from_dict(rec["pick"])
     print(f"picked: {pick.label} (fastest measured)")
     drafter, spec = drafters[pick.kind], pick.spec_config()
-    # The calibration's programs serve the demo prompt too, unless it is long.
-    gen([prompt], max_new_tokens=n)
-    gen([prompt], max_new_tokens=n, drafter=drafter, spec=spec)
+    # The calibration's programs serve the demo prompt too, unless it is long (a new prompt
+    # bucket compiles here).
+    for label, kw in (("plain", {}), (pick.label, {"drafter": drafter, "spec": spec})):
+        _first_call(f"{label}, demo prompt", lambda: gen([prompt], max_new_tokens=n, **kw))
     plain, fast = timed_pair(gen, drafter, spec, prompt, n, repeats)
     same = fast.tokens == plain.tokens
     print()

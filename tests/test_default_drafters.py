@@ -84,7 +84,7 @@ def test_demo_calibrates_once_and_runs_speculative(tmp_path):
     for line in ("mean accept length:", "plain decoding:", "speculative decoding:", "speedup:"):
         assert line in text
     assert "tokens identical to plain decoding: yes" in text
-    rec, = (tmp_path / "calibration").glob("demo-*-n16.json")
+    rec, = (tmp_path / "calibration").glob("demo-*-n16-auto.json")
     stored = json.loads(rec.read_text())
     assert stored["pick"] == stored["candidates"][0]["candidate"]
     assert stored["candidates"][0]["tokens_per_s"] == max(
