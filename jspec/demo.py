@@ -93,13 +93,12 @@ def _kwargs(drafters, cand: Candidate | None) -> dict:
     return {} if cand is None else {"drafter": drafters[cand.kind], "spec": cand.spec_config()}
 
 
-def _first_call(label: str, fn: Callable[[], object]):
-    """Run ``fn``, a call that compiles, saying what compiles and how long it took."""
-    print(f"  {label}: compiling ...", end="", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    out = fn()
-    print(f" {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
-    return out
+def _label(cand: Candidate | None) -> str:
+    return "plain" if cand is None else cand.label
+
+
+def _as_dict(cand: Candidate | None) -> dict | None:
+    return None if cand is None else dataclasses.asdict(cand)
 
 
 def _measure(gen, drafters, cand, prompts, n, repeats=2) -> dict:
@@ -107,8 +106,7 @@ def _measure(gen, drafters, cand, prompts, n, repeats=2) -> dict:
     res = [min((gen([p], max_new_tokens=n, **_kwargs(drafters, cand)) for _ in range(repeats)),
                key=lambda r: r.wall_s) for p in prompts]
     toks = sum(len(r.tokens[0]) for r in res)
-    row = {"candidate": None if cand is None else dataclasses.asdict(cand),
-           "label": "plain" if cand is None else cand.label,
+    row = {"candidate": _as_dict(cand), "label": _label(cand),
            "tokens": toks, "wall_s": sum(r.wall_s for r in res)}
     row["tokens_per_s"] = toks / row["wall_s"]
     if cand is not None:
@@ -129,8 +127,7 @@ def _helpers(ctx: dict, cands: list) -> tuple[list, list]:
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1"}
     procs = []
     for i in range(1, k):
-        job = {**ctx, "cands": [None if c is None else dataclasses.asdict(c)
-                                for c in cands[i::k]]}
+        job = {**ctx, "cands": [_as_dict(c) for c in cands[i::k]]}
         procs.append(subprocess.Popen([sys.executable, "-m", "jspec.demo", json.dumps(job)],
                                       env=env, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL))
@@ -138,25 +135,26 @@ def _helpers(ctx: dict, cands: list) -> tuple[list, list]:
 
 
 def _round(gen, drafters, cands, prompts, n, ctx=None) -> list[dict]:
+    def first_call(c):
+        _first_call(_label(c), lambda: gen(prompts[:1], max_new_tokens=n, **_kwargs(drafters, c)))
+
     mine, procs = _helpers(ctx or {}, cands)
     if procs:
         print(f"  compiling {len(cands)} programs in {len(procs) + 1} processes", file=sys.stderr,
               flush=True)
     for c in mine:
-        label = "plain" if c is None else c.label
-        _first_call(label, lambda: gen(prompts[:1], max_new_tokens=n, **_kwargs(drafters, c)))
+        first_call(c)
     for p in procs:
         if p.wait():     # a helper that failed only costs time: its programs compile here
             print(f"  (a compile helper exited with {p.returncode})", file=sys.stderr)
     rows = []
     for c in cands:
-        label = "plain" if c is None else c.label
-        if c not in mine:
-            _first_call(label, lambda: gen(prompts[:1], max_new_tokens=n, **_kwargs(drafters, c)))
-        rows.append(_measure(gen, drafters, c, prompts, n))
-        r = rows[-1]
+        if c not in mine:             # compiled by a helper: this call reads the cache
+            first_call(c)
+        r = _measure(gen, drafters, c, prompts, n)
+        rows.append(r)
         acc = f"{r['mean_accept_len']:.2f} tokens/verify, " if c is not None else ""
-        print(f"  {label}: {acc}{r['tokens_per_s']:.1f} tok/s", file=sys.stderr, flush=True)
+        print(f"  {r['label']}: {acc}{r['tokens_per_s']:.1f} tok/s", file=sys.stderr, flush=True)
     return rows
 
 

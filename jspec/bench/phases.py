@@ -173,10 +173,10 @@ def main(argv=None) -> int:
     steps = len(plain.tokens[0]) - 1                       # the prefill emits the first token
     res, sp = profile_call(gen, dump, drafter=drafter, spec=spec, forced_accept=a.forced_accept)
     iters = res.stats[0]["iterations"]
-    t1 = pp.get("loop other", [0, 0.0])[1] / steps
-    rows = [("plain decode step", pp.get("loop other", [0, 0.0]), steps)]
-    order = (*PHASES, "loop other")
-    rows += [(ph, sp.get(ph, [0, 0.0]), iters) for ph in order]
+    plain_step = pp.get("loop other", [0, 0.0])       # the decode loop is plain's whole loop
+    t1 = plain_step[1] / steps
+    loop_phases = [(ph, sp.get(ph, [0, 0.0])) for ph in (*PHASES, "loop other")]
+    rows = [("plain decode step", plain_step, steps)] + [(ph, v, iters) for ph, v in loop_phases]
     print(f"config: {a.model or a.random_config}, drafter {drafter.kind}, spec "
           f"{None if spec is None else (spec.num_steps, spec.topk, spec.num_draft_tokens)}, "
           f"forced accept {a.forced_accept or 'off'}, {a.new_tokens} new tokens, batch 1, "
@@ -189,9 +189,9 @@ def main(argv=None) -> int:
     for name, (k, us), n in rows:
         out.append({"phase": name, "kernels": k / n, "ms": us / n / 1e3, "x_t1": us / n / t1})
         print(f"{name:<18} {k / n:>8.1f} {us / n / 1e3:>8.3f} {us / n / t1:>7.3f}")
-    loop = sum(sp.get(ph, [0, 0.0])[1] for ph in order) / iters
-    print(f"{'iteration (sum)':<18} {sum(sp.get(ph, [0, 0])[0] for ph in order) / iters:>8.1f} "
-          f"{loop / 1e3:>8.3f} {loop / t1:>7.3f}")
+    loop_kernels = sum(k for _, (k, _) in loop_phases) / iters
+    loop = sum(us for _, (_, us) in loop_phases) / iters
+    print(f"{'iteration (sum)':<18} {loop_kernels:>8.1f} {loop / 1e3:>8.3f} {loop / t1:>7.3f}")
     print(f"\nkernel time only (gaps between kernels are not in it); per verify pass for the "
           f"phases, per token for the plain step. Breakeven accept length: {loop / t1:.2f}.")
     if a.json:
