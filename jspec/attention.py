@@ -11,14 +11,21 @@ mask is ever built, never prefix x T.
 This is the jnp reference the Pallas kernels are checked against; it gathers the
 row's pages into a contiguous view, which is simple and right but reads the whole
 addressable length.
+
+What only depends on the block and the cache's lengths, not on the layer (the ``[B, T, S]``
+visibility, the kernels' packed mask), is computed once per forward by the backend's
+``prepare`` (a :class:`Block`) and handed to every layer. In a scanned layer stack XLA
+recomputed it inside each layer's body (deviceless TPU compile, 8B shape).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from jspec import kv_cache as kvc
+from jspec.shapes import Bool, Int
 
 
 def causal_block_mask(T: int) -> jax.Array:
@@ -54,17 +61,59 @@ def _softmax_attend(qg, keys, values, visible, D):
     return out
 
 
-def paged_attention_ref(q: jax.Array, cache: kvc.PagedKVCache, layer: int,
-                        block_mask: jax.Array | None = None) -> jax.Array:
-    """``q: [B, T, H, D]`` -> ``[B, T, H, D]``. Scores, softmax and accumulation in fp32."""
-    B, T, H, D = q.shape
-    k, v = kvc.read_layer(cache, layer)                   # [B, KVH, S, D]
-    KVH, S = k.shape[1], k.shape[2]
+@struct.dataclass
+class Block:
+    """One forward's query block as every layer's attention sees it (see the module doc).
+    ``mask``: the window mask; ``visible``: the reference's key visibility (None when a
+    kernel serves the block) and ``table`` the page table it gathers by
+    (:func:`jspec.kv_cache.read_table`); ``mask_bits``: the kernels' packed mask and
+    ``rows`` their page table and mask words (None for the reference)."""
+    mask: Bool["B T W"]
+    visible: Bool["B T S"] | None = None
+    table: Int["B max_pages"] | None = None
+    mask_bits: jax.Array | None = None
+    rows: tuple | None = None
+
+
+def full_mask(block_mask: jax.Array | None, B: int, T: int) -> jax.Array:
+    """``block_mask`` or, when None, the causal ``[B, T, T]`` mask."""
     if block_mask is None:
-        block_mask = jnp.broadcast_to(causal_block_mask(T), (B, T, T))
-    vis = visibility(cache.lengths, S, block_mask)        # [B, T, S]
-    o = _softmax_attend(q.reshape(B, T, KVH, H // KVH, D), [k], [v], [vis[:, None, None]], D)
-    return o.reshape(B, T, H, D).astype(q.dtype)
+        return jnp.broadcast_to(causal_block_mask(T), (B, T, T))
+    return block_mask
+
+
+class ReferenceAttention:
+    """The jnp attention as a backend: ``prepare`` once per forward, call once per layer.
+    Calling it with a raw mask (or None, causal) prepares on the spot."""
+
+    def prepare(self, cache: kvc.PagedKVCache, block_mask: jax.Array | None, q) -> Block:
+        """``q``: the queries' shape and dtype ``[B, T, H, D]`` (an array or
+        ShapeDtypeStruct)."""
+        mask = full_mask(block_mask, cache.lengths.shape[0], q.shape[1])
+        return Block(mask=mask, visible=visibility(cache.lengths, cache.max_len, mask),
+                     table=kvc.read_table(cache))
+
+    def __call__(self, q: jax.Array, cache: kvc.PagedKVCache, layer: int,
+                 block_mask: jax.Array | Block | None = None) -> jax.Array:
+        """``q: [B, T, H, D]`` -> ``[B, T, H, D]``. Scores, softmax and accumulation in fp32."""
+        B, T, H, D = q.shape
+        block = block_mask
+        if not isinstance(block, Block) or block.visible is None:
+            block = self.prepare(cache, block.mask if isinstance(block, Block) else block, q)
+        k, v = kvc.read_layer(cache, layer, block.table)      # [B, KVH, S, D]
+        o = _softmax_attend(q.reshape(B, T, k.shape[1], H // k.shape[1], D), [k], [v],
+                            [block.visible[:, None, None]], D)
+        return o.reshape(B, T, H, D).astype(q.dtype)
+
+
+paged_attention_ref = ReferenceAttention()
+
+
+def prepare(attention_fn, cache: kvc.PagedKVCache, block_mask: jax.Array | None, q):
+    """What ``attention_fn`` wants every layer to get for queries shaped like ``q``: its
+    prepared :class:`Block`, or the raw mask for a plain function without a ``prepare``."""
+    prep = getattr(attention_fn, "prepare", None)
+    return block_mask if prep is None else prep(cache, block_mask, q)
 
 
 def windowed_attention_ref(q: jax.Array, cache: kvc.WindowedCache, layer: int,

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.attention import causal_block_mask, paged_attention_ref
+from jspec.attention import Block, full_mask, paged_attention_ref
 from jspec.platform import target_platform
 from jspec.spec_config import MAX_TREE_NODES
 from jspec.tree.build import pack_mask
@@ -76,34 +76,56 @@ def _concrete(mode: str) -> None:
                          f"first (concrete modes: {CONCRETE})")
 
 
-def attention_fn(mode: str):
-    """An ``attention_fn`` for :class:`jspec.llama.Llama` (same signature as the reference)."""
-    _concrete(mode)
-    if mode == "reference":
-        return paged_attention_ref
-    from pallas_kernels.tree_attention import tree_attention
-    backend = _backend(mode)
-    interpret = mode != "pallas"
+class KernelAttention:
+    """The Pallas tree-attention kernel as an attention backend (``prepare`` once per
+    forward, call once per layer; see :mod:`jspec.attention`). Blocks the kernel is not
+    for (see the module doc) are prepared for, and served by, the reference."""
 
-    def attend(q, cache, layer, block_mask=None):
+    def __init__(self, mode: str):
+        self.backend = _backend(mode)
+        self.interpret = mode != "pallas"
+
+    def prepare(self, cache, block_mask, q) -> Block:
+        """``q``: the queries' shape and dtype ``[B, T, H, D]``."""
+        from pallas_kernels.tree_attention.dispatch import row_inputs
         B, T, H, D = q.shape
-        if block_mask is None:
-            block_mask = jnp.broadcast_to(causal_block_mask(T), (B, T, T))
-        if T > MAX_TREE_NODES or block_mask.shape[-1] != T:
-            return paged_attention_ref(q, cache, layer, block_mask)
+        mask = full_mask(block_mask, B, T)
+        if T > MAX_TREE_NODES or mask.shape[-1] != T:
+            return paged_attention_ref.prepare(cache, mask, q)
+        bits = pack_mask(mask)
+        rows = None
+        if _padded_head_dim(D, self.backend) == D:     # padded (tiny) models prepare per call
+            rows = row_inputs(q, cache.k_pages, cache.page_table, bits, backend=self.backend,
+                              interpret=self.interpret)
+        return Block(mask=mask, mask_bits=bits, rows=rows)
+
+    def __call__(self, q, cache, layer, block_mask=None):
+        from pallas_kernels.tree_attention import tree_attention
+        B, T, H, D = q.shape
+        block = block_mask if isinstance(block_mask, Block) else self.prepare(cache, block_mask, q)
+        if block.mask_bits is None:
+            return paged_attention_ref(q, cache, layer, block)
         layer = jnp.asarray(layer, jnp.int32)
         k, v = cache.k_pages, cache.v_pages      # the stacked [L, KVH, P, ps, D] pools, no slice
-        Dp = _padded_head_dim(D, backend)
+        Dp = _padded_head_dim(D, self.backend)
         if Dp != D:
             # Tiny test models only: a padded copy of this layer's pools (slice + pad, one
             # fused copy of one layer; padding the whole stack would copy L layers per call).
             pad = lambda x: jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, Dp - D)])
             q = pad(q * jnp.asarray((Dp / D) ** 0.5, q.dtype))
             k, v, layer = pad(k[layer])[None], pad(v[layer])[None], jnp.int32(0)
-        out = tree_attention(q, k, v, cache.page_table, cache.lengths, pack_mask(block_mask),
-                             layer, backend=backend, interpret=interpret)
+        out = tree_attention(q, k, v, cache.page_table, cache.lengths, block.mask_bits,
+                             layer, backend=self.backend, interpret=self.interpret,
+                             prepared=block.rows)
         return out[..., :D]
-    return attend
+
+
+def attention_fn(mode: str):
+    """The attention backend of a concrete ``mode`` for :func:`jspec.llama.forward` and the
+    drafters: callable as ``(q, cache, layer, block_mask)`` like the reference, with a
+    ``prepare`` the forward runs once outside its layer loop."""
+    _concrete(mode)
+    return paged_attention_ref if mode == "reference" else KernelAttention(mode)
 
 
 def walk_impl(mode: str) -> str:

@@ -118,52 +118,106 @@ def _flat(pages: jax.Array) -> jax.Array:
     return pages.reshape(L, H, P * S, D)
 
 
-def write_layer(cache: PagedKVCache, layer: int, k: jax.Array, v: jax.Array,
-                valid: jax.Array | None = None, offset: jax.Array | int = 0) -> PagedKVCache:
-    """Write ``k, v: [B, T, KVH, D]`` of one layer at positions ``lengths + offset + t``.
-
-    ``valid: [B, T]`` masks positions that must not be written (ragged blocks).
-    ``offset`` places a block further into the uncommitted region (a drafter's tree
-    loop writes step s at ``s * K``). Does not change ``lengths``.
-    """
-    B, T = k.shape[:2]
+def write_slots(cache: PagedKVCache, T: int, valid: jax.Array | None = None,
+                offset: jax.Array | int = 0) -> jax.Array:
+    """``[B*T]`` flat slots of a ``T``-token block at positions ``lengths + offset + t``
+    (``valid: [B, T]`` False, or outside the row's allocation: out of range, dropped)."""
+    B = cache.lengths.shape[0]
     pos = cache.lengths[:, None] + offset + jnp.arange(T, dtype=jnp.int32)[None]
     slots = _slots(cache, pos)
     if valid is not None:
         slots = jnp.where(valid, slots, cache.num_pages * cache.page_size)
-    slots = slots.reshape(B * T)
-    shape = cache.k_pages.shape
+    return slots.reshape(B * T)
 
-    per_row = target_platform() != "cpu"
-    heads = jnp.arange(shape[1], dtype=jnp.int32)[:, None] if per_row else None
+
+def _per_row() -> bool:
+    # TPU/GPU: the write scatters one contiguous [D] row per (head, slot). With the heads in
+    # the window ([KVH, D], not adjacent in [L, KVH, P*S, D]) XLA:TPU relaid the whole pool out
+    # and back around every layer's write (deviceless v5p compile, 8B shape).
+    # CPU: one [KVH, D] window per slot, written in place; it ran a 100M plain decode step 9%
+    # faster (30.4 vs 33.1 ms/token, interleaved A/B).
+    return target_platform() != "cpu"
+
+
+def write_index(cache: PagedKVCache, T: int, valid: jax.Array | None = None,
+                offset: jax.Array | int = 0) -> jax.Array:
+    """The layer-independent part of a block's KV scatter indices (see :func:`write_layer`),
+    which a forward computes once, outside its layer loop: ``[B*T, 1]`` slots on CPU,
+    ``[KVH, B*T, 2]`` (head, slot) on TPU/GPU."""
+    slots = write_slots(cache, T, valid, offset)
+    if not _per_row():
+        return slots[:, None]
+    KVH = cache.k_pages.shape[1]
+    heads = jnp.broadcast_to(jnp.arange(KVH, dtype=jnp.int32)[:, None], (KVH, slots.shape[0]))
+    return jnp.stack([heads, jnp.broadcast_to(slots[None], heads.shape)], -1)
+
+
+def write_layer(cache: PagedKVCache, layer: int, k: jax.Array, v: jax.Array,
+                valid: jax.Array | None = None, offset: jax.Array | int = 0,
+                index: jax.Array | None = None) -> PagedKVCache:
+    """Write ``k, v: [B, T, KVH, D]`` of one layer at positions ``lengths + offset + t``.
+
+    ``valid: [B, T]`` masks positions that must not be written (ragged blocks).
+    ``offset`` places a block further into the uncommitted region (a drafter's tree
+    loop writes step s at ``s * K``). ``index``: :func:`write_index` of the same block,
+    computed once outside a layer loop (then ``valid`` and ``offset`` are not used).
+    Does not change ``lengths``.
+
+    One ``lax.scatter`` per pool with the (layer, ...) indices built here from ``index``:
+    through ``.at[layer, ...]`` jnp re-derived them from scratch in every layer (negative
+    index wrapping, clamps), a dozen scalar kernels per layer of a scanned TPU stack.
+    """
+    B, T = k.shape[:2]
+    if index is None:
+        index = write_index(cache, T, valid, offset)
+    shape = cache.k_pages.shape
+    lyr = jnp.full(index.shape[:-1] + (1,), layer, jnp.int32)
+    idx = jnp.concatenate([lyr, index], -1)
+    if _per_row():      # idx [KVH, B*T, 3] -> one [D] row each; updates [KVH, B*T, D]
+        dn = jax.lax.ScatterDimensionNumbers(update_window_dims=(2,),
+                                             inserted_window_dims=(0, 1, 2),
+                                             scatter_dims_to_operand_dims=(0, 1, 2))
+        arrange = lambda x: x.reshape(B * T, *x.shape[2:]).swapaxes(0, 1)
+    else:               # idx [B*T, 2] -> one [KVH, D] window each; updates [B*T, KVH, D]
+        dn = jax.lax.ScatterDimensionNumbers(update_window_dims=(1, 2),
+                                             inserted_window_dims=(0, 2),
+                                             scatter_dims_to_operand_dims=(0, 2))
+        arrange = lambda x: x.reshape(B * T, *x.shape[2:])
 
     def put(pages, x):
-        x = x.reshape(B * T, *x.shape[2:]).astype(pages.dtype)                # [B*T, KVH, D]
-        if per_row:
-            # Every index but the head dim's: the scatter's window is one contiguous [D] row.
-            # With the heads in the window ([KVH, D], not adjacent in [L, KVH, P*S, D]) XLA:TPU
-            # relaid the whole pool out and back around every layer's write (deviceless v5p
-            # compile, 8B shape).
-            flat = _flat(pages).at[layer, heads, slots[None]].set(x.swapaxes(0, 1), mode="drop")
-        else:
-            # XLA:CPU writes the [KVH, D] window in place and ran a 100M plain decode step 9%
-            # faster this way (30.4 vs 33.1 ms/token, interleaved A/B).
-            flat = _flat(pages).at[layer, :, slots].set(x, mode="drop")
+        flat = jax.lax.scatter(_flat(pages), idx, arrange(x).astype(pages.dtype), dn,
+                               mode=jax.lax.GatherScatterMode.FILL_OR_DROP)
         return flat.reshape(shape)
 
     return cache.replace(k_pages=put(cache.k_pages, k), v_pages=put(cache.v_pages, v))
 
 
-def read_layer(cache: PagedKVCache, layer: int) -> tuple[jax.Array, jax.Array]:
-    """All of a row's addressable slots for one layer: ``[B, KVH, max_len, D]`` each.
+def read_table(cache: PagedKVCache) -> jax.Array:
+    """The page table with unallocated entries clamped into the pool (their slots are
+    garbage the callers mask): what :func:`read_layer` gathers by, layer-independent."""
+    return jnp.clip(cache.page_table, 0, cache.num_pages - 1)
 
-    Slots past ``lengths`` (or never allocated) hold garbage; callers mask them.
+
+def read_layer(cache: PagedKVCache, layer: int,
+               table: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """All of a row's addressable slots for one layer: ``[B, KVH, max_len, D]`` each.
+    ``table``: :func:`read_table`, when a forward computed it once for all layers.
+
+    Slots past ``lengths`` (or never allocated) hold garbage; callers mask them. One gather
+    per pool, by (layer, page), straight into ``[B, KVH, pages, page_size, D]`` order.
     """
+    if table is None:
+        table = read_table(cache)
+    B, M = table.shape
+    _, KVH, _, S, D = cache.k_pages.shape
+    idx = jnp.stack([jnp.full((B, M), layer, jnp.int32), table], -1)          # [B, M, 2]
+    dn = jax.lax.GatherDimensionNumbers(offset_dims=(1, 3, 4), collapsed_slice_dims=(0, 2),
+                                        start_index_map=(0, 2))
+
     def get(pages):
-        p = pages[layer]                                 # [KVH, P, S, D]
-        g = jnp.take(p, cache.page_table, axis=1, mode="clip")  # [KVH, B, maxp, S, D]
-        H, B, M, S, D = g.shape
-        return g.reshape(H, B, M * S, D).swapaxes(0, 1)
+        g = jax.lax.gather(pages, idx, dn, (1, KVH, 1, S, D),
+                           mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+        return g.reshape(B, KVH, M * S, D)
     return get(cache.k_pages), get(cache.v_pages)
 
 

@@ -27,9 +27,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from jspec import kv_cache as kvc
 from jspec.attention import paged_attention_ref, windowed_attention_ref
+from jspec.attention import prepare as prepare_attention
 from jspec.config import LlamaConfig, RopeConfig
 from jspec.platform import target_platform
 
@@ -55,15 +57,27 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> np.ndarray:
     return inv
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-    """Rotate-half RoPE. ``x: [B, T, H, D]``, ``positions: [B, T]``."""
+def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """``(cos, signed sin)``, each ``[B, T, 1, D]`` fp32, for ``positions: [B, T]``: the sin's
+    first half negated, so :func:`rotate` needs no negation. The same for every layer, so a
+    forward computes them once (see :func:`forward`)."""
     freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None]
     emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
-    cos, sin = jnp.cos(emb), jnp.sin(emb)
+    half = freqs.shape[-1]
+    sign = jnp.asarray(np.r_[-np.ones(half), np.ones(half)].astype(np.float32))
+    return jnp.cos(emb), jnp.sin(emb) * sign
+
+
+def rotate(x: jax.Array, cos: jax.Array, signed_sin: jax.Array) -> jax.Array:
+    """Rotate-half RoPE of ``x: [B, T, H, D]`` with :func:`rope_tables`: ``x cos +
+    (x2, x1) * (-sin, sin)``, the halves swapped by one roll."""
     xf = x.astype(jnp.float32)
-    half = x.shape[-1] // 2
-    rot = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
-    return (xf * cos + rot * sin).astype(x.dtype)
+    return (xf * cos + jnp.roll(xf, x.shape[-1] // 2, axis=-1) * signed_sin).astype(x.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotate-half RoPE. ``x: [B, T, H, D]``, ``positions: [B, T]``."""
+    return rotate(x, *rope_tables(positions, inv_freq))
 
 
 class Linear(nn.Module):
@@ -392,7 +406,28 @@ def rms_norm(x, scale, eps: float):
     return scale * xf.astype(x.dtype)
 
 
-def decoder_layer(cfg: LlamaConfig, lp, x, positions, cache, layer, block_mask, valid,
+@struct.dataclass
+class Shared:
+    """What every layer of one forward reads and no layer changes, computed once before the
+    layer loop: the RoPE tables, the block's KV write index and the attention backend's
+    prepared block. In a scanned stack XLA recomputed them in each layer's body, about a
+    dozen scalar and index kernels per layer (deviceless TPU compile, 8B shape)."""
+    cos: jax.Array
+    sin: jax.Array
+    write_index: jax.Array
+    block: object
+
+
+def shared_inputs(cfg: LlamaConfig, positions, cache, block_mask, valid,
+                  attention_fn: AttentionFn) -> Shared:
+    B, T = positions.shape
+    cos, sin = rope_tables(positions, rope_inv_freq(cfg.rope, cfg.head_dim))
+    q = jax.ShapeDtypeStruct((B, T, cfg.num_heads, cfg.head_dim), jnp.dtype(cfg.dtype))
+    return Shared(cos, sin, kvc.write_index(cache, T, valid),
+                  prepare_attention(attention_fn, cache, block_mask, q))
+
+
+def decoder_layer(cfg: LlamaConfig, lp, x, shared: Shared, cache, layer,
                   attention_fn: AttentionFn):
     """One layer over packed parameters ``lp`` (one slice of ``packed["layers"]``)."""
     c = cfg
@@ -403,11 +438,10 @@ def decoder_layer(cfg: LlamaConfig, lp, x, positions, cache, layer, block_mask, 
     dt = jnp.dtype(c.dtype)
     h = rms_norm(x, lp["ln1"], c.rms_norm_eps).astype(dt)
     qkv = linear(h, lp["qkv"].astype(dt), prec)                          # [B, T, KVH, G+2, D]
-    inv = rope_inv_freq(c.rope, D)
-    q = apply_rope(qkv[:, :, :, :G].reshape(B, T, KVH * G, D), positions, inv)
-    k = apply_rope(qkv[:, :, :, G], positions, inv)
-    cache = kvc.write_layer(cache, layer, k, qkv[:, :, :, G + 1], valid)
-    o = attention_fn(q, cache, layer, block_mask)
+    q = rotate(qkv[:, :, :, :G].reshape(B, T, KVH * G, D), shared.cos, shared.sin)
+    k = rotate(qkv[:, :, :, G], shared.cos, shared.sin)
+    cache = kvc.write_layer(cache, layer, k, qkv[:, :, :, G + 1], index=shared.write_index)
+    o = attention_fn(q, cache, layer, shared.block)
     x = x + linear(o.reshape(B, T, -1).astype(dt), lp["o"].astype(dt), prec)
     h = rms_norm(x, lp["ln2"], c.rms_norm_eps).astype(dt)
     gu = linear(h, lp["gate_up"].astype(dt), prec)                        # [B, T, 2, I]
@@ -431,12 +465,12 @@ def forward(cfg: LlamaConfig, packed, tokens, positions, cache, block_mask=None,
     x = jnp.take(packed["embed"], tokens, axis=0).astype(c.dtype)
     aux_layers = tuple(int(i) for i in aux_layers)
     A = len(aux_layers)
+    shared = shared_inputs(c, positions, cache, block_mask, valid, attention_fn)
     if not is_stacked(packed):                       # per-layer weights: unrolled
         aux = {}
         for i, lp in enumerate(packed["layers"]):
             aux[i] = x
-            x, cache = decoder_layer(c, lp, x, positions, cache, i, block_mask, valid,
-                                     attention_fn)
+            x, cache = decoder_layer(c, lp, x, shared, cache, i, attention_fn)
         aux = tuple(aux[i] for i in aux_layers)
     else:
         take_aux = np.zeros((L, max(A, 1)), bool)   # [i, j]: aux slot j reads layer i's input
@@ -448,8 +482,7 @@ def forward(cfg: LlamaConfig, packed, tokens, positions, cache, block_mask=None,
             lp, i, take = xs
             if A:   # a select into a small [A, B, T, H] buffer: no per-layer branching
                 aux = jnp.where(take[:, None, None, None], x[None], aux)
-            x, cache = decoder_layer(c, lp, x, positions, cache, i, block_mask, valid,
-                                     attention_fn)
+            x, cache = decoder_layer(c, lp, x, shared, cache, i, attention_fn)
             return (x, cache, aux), None
 
         aux0 = jnp.zeros((A,) + x.shape, x.dtype)

@@ -64,3 +64,30 @@ def test_tpu_decode_and_commit_do_not_copy_the_kv_pool():
     assert set(rows) == {"plain_step", "finish"}
     for name, r in rows.items():
         assert r["pool_copies"] == 0, (name, r)
+
+
+# Kernels in one layer of the scanned stack (deviceless v5e compile of the config below):
+# upper bounds a little above what was measured after the per-forward inputs (RoPE tables,
+# KV write index, attention visibility / kernel page table and mask words) moved out of the
+# layer body; in brackets, before (6d4fea5).
+TPU_LAYER_BODY_BUDGETS = {
+    ("reference", "plain_step"): 38,    # measured 36  [51]
+    ("reference", "verify"): 42,        # measured 40  [66]
+    ("pallas", "plain_step"): 35,       # measured 33  [48]
+    ("pallas", "verify"): 40,           # measured 38  [58]
+}
+
+
+@pytest.mark.tpu_aot
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu not installed")
+@pytest.mark.parametrize("kernels", ["reference", "pallas"])
+def test_tpu_layer_body_budget(kernels):
+    """What only depends on the block (not the layer) is computed once per forward: XLA does
+    not hoist it out of the layer scan itself, so a regression shows as a bigger body."""
+    from jspec.bench import anatomy
+    cfg = LlamaConfig(vocab_size=512, hidden_size=512, intermediate_size=1024, num_layers=4,
+                      num_heads=4, num_kv_heads=2, head_dim=128, dtype="bfloat16")
+    res = anatomy.anatomy(cfg, "eagle3", None, batch=2, context=256, aot="v5e", kernels=kernels,
+                          programs=("plain_step", "verify"))
+    for r in res["rows"]:
+        assert 0 < r["layer_body"] <= TPU_LAYER_BODY_BUDGETS[kernels, r["program"]], r

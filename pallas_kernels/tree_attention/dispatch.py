@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.tree_attention import layout
 from pallas_kernels.tree_attention.kernel_gpu import tree_attention_gpu
 from pallas_kernels.tree_attention.kernel_tpu import tree_attention_tpu
 from pallas_kernels.tree_attention.reference import tree_attention_ref
@@ -26,8 +27,25 @@ def resolve_backend(backend: str | None, interpret: bool) -> str:
     return canonical_backend(jax.default_backend())
 
 
+def row_inputs(q, k_pages, page_table, mask_bits, *, backend: str | None = None,
+               interpret: bool = False) -> layout.RowInputs | None:
+    """The kernel's layer-independent inputs for a block of queries shaped like ``q`` (an
+    array or ShapeDtypeStruct) over pools shaped like ``k_pages``: build them once per
+    forward and pass them to every layer's :func:`tree_attention` as ``prepared``. None
+    for the reference backend, which needs none."""
+    backend = resolve_backend(backend, interpret)
+    layer = 0 if k_pages.ndim == 5 else None
+    lengths = jax.ShapeDtypeStruct(page_table.shape[:1], jnp.int32)
+    blocks = validate(q, k_pages, k_pages, page_table, lengths, mask_bits, layer, backend=backend)
+    if backend == "reference":
+        return None
+    KVH, P = k_pages.shape[-4:-2]
+    return layout.row_inputs(page_table, mask_bits, P, q.shape[2] // KVH, blocks)
+
+
 def tree_attention(q, k_pages, v_pages, page_table, lengths, mask_bits, layer=None, *,
-                   backend: str | None = None, interpret: bool = False) -> jax.Array:
+                   backend: str | None = None, interpret: bool = False,
+                   prepared: layout.RowInputs | None = None) -> jax.Array:
     """``q [B, N, H, D]`` over layer ``layer`` (int32 scalar, traced allowed) of the stacked
     pools ``k_pages/v_pages [L, KVH, P, page_size, D]``, ``page_table [B, max_pages]``
     (unallocated = P), ``lengths [B]`` and packed tree mask ``mask_bits [B, N, W]`` ->
@@ -35,7 +53,7 @@ def tree_attention(q, k_pages, v_pages, page_table, lengths, mask_bits, layer=No
     straight from the stacked pools (no per-layer slice is ever materialised).
 
     One layer's pools ``[KVH, P, page_size, D]`` with ``layer=None`` are accepted too (a
-    free leading unit axis is added)."""
+    free leading unit axis is added). ``prepared``: :func:`row_inputs` of the same call."""
     backend = resolve_backend(backend, interpret)
     blocks = validate(q, k_pages, v_pages, page_table, lengths, mask_bits, layer, backend=backend)
     if k_pages.ndim == 4:
@@ -47,4 +65,4 @@ def tree_attention(q, k_pages, v_pages, page_table, lengths, mask_bits, layer=No
         return tree_attention_ref(q, k_pages, v_pages, page_table, lengths, mask_bits, layer)
     kernel = tree_attention_tpu if backend == "tpu" else tree_attention_gpu
     return kernel(q, k_pages, v_pages, page_table, lengths, mask_bits, layer, blocks=blocks,
-                  interpret=interpret)
+                  interpret=interpret, prepared=prepared)

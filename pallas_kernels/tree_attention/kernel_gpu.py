@@ -69,18 +69,21 @@ def _kernel(q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, lo_ref, hi_ref, o_r
 
 
 def tree_attention_gpu(q, k_pages, v_pages, page_table, lengths, mask_bits, layer, *,
-                       blocks: BlockSizes, interpret: bool = False) -> jax.Array:
+                       blocks: BlockSizes, interpret: bool = False,
+                       prepared: layout.RowInputs | None = None) -> jax.Array:
     """Shapes as :func:`pallas_kernels.tree_attention.reference.tree_attention_ref` with
     stacked pools ``[L, KVH, P, page_size, D]`` and an int32 scalar ``layer``; ``blocks``
-    from :func:`pallas_kernels.tree_attention.validate.validate`."""
+    from :func:`pallas_kernels.tree_attention.validate.validate`; ``prepared``: the
+    page table and mask words when the caller built them once (:func:`layout.row_inputs`)."""
     B, N, H, D = q.shape
     L, KVH, P, ps, _ = k_pages.shape
     G = H // KVH
     ppb, R = blocks.pages_per_block, blocks.rows
-    pt = layout.prepare_page_table(page_table, P, ppb)
+    if prepared is None:
+        prepared = layout.row_inputs(page_table, mask_bits, P, G, blocks)
+    pt, words = prepared
     M = pt.shape[1]
     qg = layout.group_queries(q, KVH, R)                                 # [B, KVH, R, D]
-    words = layout.row_words(mask_bits, G, R)                            # [B, R, 2]
     lo, hi = words[..., 0], words[..., 1]
     kernel = functools.partial(_kernel, ppb=ppb, page_size=ps, num_nodes=N,
                                num_blocks=M // ppb, scale=D ** -0.5)

@@ -6,6 +6,8 @@ the kernels; none of them builds anything prefix x N.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -67,3 +69,18 @@ def prepare_page_table(page_table: jax.Array, num_pages: int, pages_per_block: i
     pad = -M % pages_per_block
     pt = jnp.pad(page_table.astype(jnp.int32), ((0, 0), (0, pad)), constant_values=num_pages)
     return jnp.clip(pt, 0, num_pages - 1)
+
+
+class RowInputs(NamedTuple):
+    """The kernels' layer-independent inputs: the prepared page table ``[B, M]`` and the
+    per-row mask words ``[B, R, 2]``. A model's forward builds them once
+    (:func:`pallas_kernels.tree_attention.dispatch.row_inputs`) and passes them to every
+    layer's call; inside a scanned layer stack XLA would otherwise rebuild them in each
+    layer's body (it does not hoist pads out of a loop)."""
+    page_table: jax.Array
+    words: jax.Array
+
+
+def row_inputs(page_table, mask_bits, num_pages: int, num_groups: int, blocks) -> RowInputs:
+    return RowInputs(prepare_page_table(page_table, num_pages, blocks.pages_per_block),
+                     row_words(mask_bits, num_groups, blocks.rows))
