@@ -65,12 +65,14 @@ def _softmax_attend(qg, keys, values, visible, D):
 class Block:
     """One forward's query block as every layer's attention sees it (see the module doc).
     ``mask``: the window mask; ``visible``: the reference's key visibility (None when a
-    kernel serves the block) and ``table`` the page table it gathers by
-    (:func:`jspec.kv_cache.read_table`); ``mask_bits``: the kernels' packed mask and
+    kernel serves the block), ``table`` the page table it gathers by
+    (:func:`jspec.kv_cache.read_table`) and ``reach`` the live-length bucket it reads
+    (:func:`reach`); ``mask_bits``: the kernels' packed mask and
     ``rows`` their page table and mask words (None for the reference)."""
     mask: Bool["B T W"]
     visible: Bool["B T S"] | None = None
     table: Int["B max_pages"] | None = None
+    reach: Int[""] | None = None
     mask_bits: jax.Array | None = None
     rows: tuple | None = None
 
@@ -82,16 +84,54 @@ def full_mask(block_mask: jax.Array | None, B: int, T: int) -> jax.Array:
     return block_mask
 
 
+# Reading only the live length. Shapes are static, so the reference reads a bucket of the
+# page table: the smallest of a few fixed fractions of it that covers every row's committed
+# length plus the block (:func:`reach_buckets`), one ``lax.switch`` branch per bucket. A
+# short table (fewer than LIVE_MIN_PAGES pages) has one bucket and no switch: there the
+# read is small and more branches would only cost compile time.
+LIVE_MIN_PAGES = 16
+LIVE_FRACTIONS = (4, 2, 1)          # buckets: 1/4, 1/2 and all of a row's pages
+
+
+def reach_buckets(max_pages: int) -> tuple[int, ...]:
+    """The page counts a reference attention read may be cut to (ascending)."""
+    if max_pages < LIVE_MIN_PAGES:
+        return (max_pages,)
+    return tuple(sorted({-(-max_pages // f) for f in LIVE_FRACTIONS}))
+
+
+def reach(lengths: jax.Array, window: int, page_size: int, max_pages: int) -> jax.Array:
+    """Index into :func:`reach_buckets` of the smallest bucket holding every row's
+    ``lengths + window`` positions."""
+    pages = (jnp.max(lengths) + window + page_size - 1) // page_size
+    sizes = jnp.asarray(reach_buckets(max_pages)[:-1], jnp.int32)
+    return jnp.sum(pages > sizes).astype(jnp.int32)
+
+
+def _live_read(cache: kvc.PagedKVCache, layer, table, branch, attend):
+    """``attend(k, v, n)`` over the first ``n`` pages of every row (``k, v: [B, KVH, n *
+    page_size, D]``), ``n`` the bucket ``branch`` picks."""
+    def read(n):
+        return lambda: attend(*kvc.read_layer(cache, layer, table[:, :n]), n * cache.page_size)
+    sizes = reach_buckets(table.shape[1])
+    if len(sizes) == 1:
+        return read(sizes[0])()
+    return jax.lax.switch(branch, [read(n) for n in sizes])
+
+
 class ReferenceAttention:
     """The jnp attention as a backend: ``prepare`` once per forward, call once per layer.
-    Calling it with a raw mask (or None, causal) prepares on the spot."""
+    Calling it with a raw mask (or None, causal) prepares on the spot. Reads only the
+    bucket of each row's pages that holds the live length (see :func:`reach_buckets`)."""
 
     def prepare(self, cache: kvc.PagedKVCache, block_mask: jax.Array | None, q) -> Block:
         """``q``: the queries' shape and dtype ``[B, T, H, D]`` (an array or
         ShapeDtypeStruct)."""
         mask = full_mask(block_mask, cache.lengths.shape[0], q.shape[1])
+        M = cache.page_table.shape[1]
         return Block(mask=mask, visible=visibility(cache.lengths, cache.max_len, mask),
-                     table=kvc.read_table(cache))
+                     table=kvc.read_table(cache),
+                     reach=reach(cache.lengths, mask.shape[-1], cache.page_size, M))
 
     def __call__(self, q: jax.Array, cache: kvc.PagedKVCache, layer: int,
                  block_mask: jax.Array | Block | None = None) -> jax.Array:
@@ -100,9 +140,10 @@ class ReferenceAttention:
         block = block_mask
         if not isinstance(block, Block) or block.visible is None:
             block = self.prepare(cache, block.mask if isinstance(block, Block) else block, q)
-        k, v = kvc.read_layer(cache, layer, block.table)      # [B, KVH, S, D]
-        o = _softmax_attend(q.reshape(B, T, k.shape[1], H // k.shape[1], D), [k], [v],
-                            [block.visible[:, None, None]], D)
+        KVH = cache.k_pages.shape[1]
+        qg = q.reshape(B, T, KVH, H // KVH, D)
+        o = _live_read(cache, layer, block.table, block.reach, lambda k, v, n: _softmax_attend(
+            qg, [k], [v], [block.visible[:, None, None, :, :n]], D))
         return o.reshape(B, T, H, D).astype(q.dtype)
 
 
@@ -119,13 +160,21 @@ def prepare(attention_fn, cache: kvc.PagedKVCache, block_mask: jax.Array | None,
 def windowed_attention_ref(q: jax.Array, cache: kvc.WindowedCache, layer: int,
                            block_mask: jax.Array) -> jax.Array:
     """Attention over a paged prefix (every committed position) and a dense window of
-    transient slots (``block_mask [B, T, W]``), as a drafter's tree loop needs."""
+    transient slots (``block_mask [B, T, W]``), as a drafter's tree loop needs. The prefix
+    is read up to the live length's bucket, as in :class:`ReferenceAttention`."""
     B, T, H, D = q.shape
-    k, v = kvc.read_layer(cache.prefix, layer)            # [B, KVH, S, D]
-    KVH, S = k.shape[1], k.shape[2]
-    prefix_vis = jnp.arange(S)[None, :] < cache.prefix.lengths[:, None]           # [B, S]
+    pre = cache.prefix
+    KVH = pre.k_pages.shape[1]
+    qg = q.reshape(B, T, KVH, H // KVH, D)
     kw = jnp.swapaxes(cache.k[layer], 1, 2)               # [B, KVH, W, D]
     vw = jnp.swapaxes(cache.v[layer], 1, 2)
-    o = _softmax_attend(q.reshape(B, T, KVH, H // KVH, D), [k, kw], [v, vw],
-                        [prefix_vis[:, None, None, None], block_mask[:, None, None]], D)
+    table = kvc.read_table(pre)
+
+    def attend(k, v, n):
+        prefix_vis = jnp.arange(n)[None, :] < pre.lengths[:, None]                # [B, n]
+        return _softmax_attend(qg, [k, kw], [v, vw],
+                               [prefix_vis[:, None, None, None], block_mask[:, None, None]], D)
+
+    o = _live_read(pre, layer, table, reach(pre.lengths, 0, pre.page_size, table.shape[1]),
+                   attend)
     return o.reshape(B, T, H, D).astype(q.dtype)

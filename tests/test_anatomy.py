@@ -107,6 +107,21 @@ def test_count_kernels_rule():
     assert anatomy.count_kernels(text, [("f32", (9, 8))])["pool_copies"] == 0
 
 
+def test_count_kernels_counts_the_biggest_branch():
+    """One branch of a conditional runs, so its kernels count as the biggest branch's."""
+    def f(branches):
+        return lambda i, x: jax.lax.switch(i, branches, x)
+
+    small = lambda x: jnp.sin(x @ x)
+    big = lambda x: jnp.sin(jnp.cos(x @ x) @ x) @ x
+    i = jax.ShapeDtypeStruct((), jnp.int32)
+    sds = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    count = lambda fn: anatomy.count_kernels(jax.jit(fn).lower(i, sds).compile().as_text())["kernels"]
+    n_big, n_small = count(f([big, big])), count(f([small, small]))
+    assert n_big > n_small
+    assert count(f([small, big])) == count(f([big, small])) == n_big
+
+
 def test_cli_smoke(tmp_path, capsys):
     out = tmp_path / "anatomy.json"
     bench_main(["anatomy", "--random-config", "tiny", "--drafter", "eagle3", "--spec", "2,1,3",

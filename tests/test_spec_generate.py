@@ -73,6 +73,22 @@ def test_greedy_identical_to_plain_per_layer_stack(stories, drafters, monkeypatc
     test_greedy_identical_to_plain(stories, drafters, "eagle3", "default", 4)
 
 
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+def test_greedy_identical_across_live_length_buckets(stories, drafters, kind):
+    """Small pages make a long page table (>= 16 pages per row), so the reference attention
+    reads a live-length bucket of it (jspec.attention.reach_buckets) and the rows grow through
+    several buckets; tokens must equal plain decoding with the default pages (one bucket)."""
+    from jspec import attention
+    target, cases = stories
+    prompts, limits = batch_for(cases, 4)
+    plain = jspec.generate(target, prompts, max_new_tokens=limits, stop_ids=[])
+    small = dict(max_new_tokens=limits, stop_ids=[], page_size=2)
+    assert len(attention.reach_buckets(-(-(len(prompts[0]) + max(limits)) // 2))) > 1
+    assert jspec.generate(target, prompts, **small).tokens == plain.tokens
+    res = jspec.generate(target, prompts, **small, drafter=drafters[kind])
+    assert res.tokens == plain.tokens
+
+
 def oracle_for(target, prompts, cases_rows, limits, max_len=256):
     """The target's own greedy continuation, as the oracle's known future (longer than the
     limits, so the last iteration's drafts are right too)."""

@@ -34,7 +34,8 @@ weights and no memory) and reads the compiled executable:
 computations only: while bodies and conditions, conditional branches and ``call`` targets.
 **Each of those computations is counted once**, however many times it runs (a ``lax.scan``
 of S-1 draft steps contributes its body once; so does the cost analysis, which also
-counts a while body once). Every instruction of a control-flow computation is one kernel,
+counts a while body once). Of a conditional's branches only the biggest counts, since one
+runs (the reference attention's live-length buckets are such branches). Every instruction of a control-flow computation is one kernel,
 except the ones that move no data or only hand control on: ``parameter``, ``constant``,
 ``get-tuple-element``, ``tuple``, ``bitcast``, ``while`` / ``conditional`` / ``call``
 (their bodies are walked instead), ``after-all``, ``add-dependency``, ``opt-barrier``,
@@ -263,10 +264,21 @@ def count_kernels(text: str, pool_shapes=(), num_layers: int | None = None) -> d
             op = ins.opcode
             if op == "while":
                 counts["while_loops"] += 1
-            if op in ("while", "conditional", "call"):
+            if op == "conditional":     # one branch runs: count the biggest one
+                before, best = dict(counts), None
+                for c in _called(ins.attrs, ("true_computation", "false_computation",
+                                             "branch_computations")):
+                    counts.update(before)
+                    control(c, in_layer)
+                    if best is None or counts["kernels"] > best["kernels"]:
+                        best = dict(counts)
+                    seen_control.discard(c)
+                counts.update(best or before)
+                continue
+            if op in ("while", "call"):
                 layer_loop = (op == "while" and num_layers is not None
                               and _loop_trips(ins.attrs, comps) == num_layers)
-                for c in _called(ins.attrs, CONTROL_ATTRS + ("branch_computations", "to_apply")):
+                for c in _called(ins.attrs, CONTROL_ATTRS + ("to_apply",)):
                     control(c, in_layer or layer_loop)
                 continue
             if op in NON_KERNEL or op.endswith("-done") or op.endswith("-update"):
