@@ -48,6 +48,9 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     sp.add_argument("--spec-steps", type=int, help="S: tree depth / draft steps")
     sp.add_argument("--spec-topk", type=int, help="K: branching per step (1 = chain)")
     sp.add_argument("--spec-draft-tokens", type=int, help="N: tree nodes including the root")
+    sp.add_argument("--spec-auto", action="store_true",
+                    help="the tree `python -m jspec tune` stored beside the drafter for this "
+                         "device and batch")
     sp.add_argument("--profile", action="store_true", help="report draft/verify/other time shares")
 
 
@@ -63,6 +66,11 @@ def spec_from_args(args, drafter):
     from jspec.spec_config import SpecConfig
 
     knobs = (args.spec_steps, args.spec_topk, args.spec_draft_tokens)
+    if getattr(args, "spec_auto", False):
+        if any(k is not None for k in knobs):
+            raise ValueError("--spec-auto and --spec-steps/--spec-topk/--spec-draft-tokens "
+                             "exclude each other")
+        return "auto"
     if all(k is None for k in knobs):
         return None
     base = drafter.default_spec or SpecConfig()
@@ -151,9 +159,72 @@ def run_demo(args) -> int:
                     compile_cache=args.compile_cache)
 
 
+def add_tune_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="HF directory, jspec Orbax directory or llama2.c .bin")
+    src.add_argument("--random-config", help="a random-weight config (jspec.bench.configs), "
+                     "e.g. 100m, with --forced-accept")
+    p.add_argument("--drafter", required=True, help="drafter checkpoint directory (the pick is "
+                   "stored in it), or random:KIND[:DRAFT_VOCAB] (nothing stored)")
+    p.add_argument("--prompts", help="text prompts, one per line (default: random token prompts)")
+    p.add_argument("--num-prompts", type=int, default=4, help="prompts used for calibration")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens per timed run")
+    p.add_argument("--confirm", type=int, default=3, help="best predicted shapes timed")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="time every grid shape (measures the model's error and the pick's gap)")
+    p.add_argument("--grid", nargs="+", metavar="S,K,N", help="shapes to consider "
+                   "(default: jspec.tune.default_grid())")
+    p.add_argument("--forced-accept", type=float, default=0.0,
+                   help="benchmark mode: force this mean accept length (output not the target's)")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--json", help="write the rows, costs and pick as JSON")
+    p.add_argument("--plot", help="save predicted vs measured tokens/s (PNG, needs matplotlib)")
+    p.add_argument("--no-store", dest="store", action="store_false",
+                   help="do not store the pick beside the drafter")
+
+
+def run_tune(args) -> int:
+    """Measure costs and acceptance, predict, confirm; see :mod:`jspec.tune`."""
+    from jspec import tune
+    from jspec.bench.plain import load, make_prompts
+
+    target, _ = load(args.model, args.random_config)
+    drafter_arg = args.drafter
+    if drafter_arg.startswith("random:"):
+        from jspec import drafters
+        kind, *vd = drafter_arg.split(":")[1:]
+        kw = {"vocab_size": int(vd[0])} if vd else {}
+        drafter = drafters.random_drafter(kind, target.config, **kw)
+    else:
+        drafter = load_drafter_arg(drafter_arg, target)
+    n = max(args.num_prompts, args.batch)
+    if args.prompts:
+        prompts = [line for line in Path(args.prompts).read_text().splitlines() if line.strip()][:n]
+    else:
+        prompts = [list(map(int, p)) for p in make_prompts(target.config, n, 32)]
+    grid = [tune.parse_shape(g) for g in args.grid] if args.grid else None
+    res = tune.tune(target, drafter, prompts, batch=args.batch, new_tokens=args.new_tokens,
+                    grid=grid, confirm=args.confirm, exhaustive=args.exhaustive,
+                    repeats=args.repeats, forced_accept=args.forced_accept,
+                    progress=lambda m: print(m, file=sys.stderr))
+    print(json.dumps(res.costs.as_dict()))
+    print(res.table())
+    print(f"plain {res.plain_tokens_per_s:.1f} tok/s; pick ({tune.shape(res.pick)}); "
+          f"errors {json.dumps(res.errors())}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res.as_dict(), indent=1))
+    if args.plot:
+        tune.plot(res, args.plot)
+    if args.store and drafter.source is not None and not args.forced_accept:
+        print(f"stored in {tune.store(res, drafter.source)}", file=sys.stderr)
+    return 0
+
+
 COMMANDS = {
     "demo": (add_demo_args, run_demo, "generate with the default model"),
     "generate": (add_generate_args, run_generate, "generate text or token ids"),
+    "tune": (add_tune_args, run_tune, "pick the tree shape from measured costs and acceptance"),
 }
 
 

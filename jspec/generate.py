@@ -115,7 +115,8 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              key: jax.Array | None = None, stop_ids=None, max_len: int | None = None,
              page_size: int = 16, num_pages: int | None = None,
-             prompt_bucket: int = 16, mesh=None, drafter=None, spec: SpecConfig | None = None,
+             prompt_bucket: int = 16, mesh=None, drafter=None,
+             spec: SpecConfig | str | None = None,
              forced_accept: float = 0.0, profile: bool = False,
              kernels: str = "auto") -> GenerationResult:
     """Generate continuations of ``prompts``: with the target alone, or speculatively.
@@ -132,7 +133,9 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
 
     ``drafter``: a :class:`jspec.drafters.Drafter`; the output is exactly what the target
     alone produces (greedy: the same tokens; sampling: the same distribution).
-    ``spec``: tree knobs (default: the drafter's, e.g. (5, 4, 8) for EAGLE).
+    ``spec``: tree knobs (default: the drafter's, e.g. (5, 4, 8) for EAGLE); ``"auto"``: the
+    shape ``python -m jspec tune`` measured and stored beside the drafter checkpoint for this
+    device kind and batch size (the drafter's default, with a warning, when there is none).
     ``forced_accept``: benchmark mode that forces this mean accept length (the output is
     then *not* the target's; it measures the plumbing apart from drafter quality).
     ``profile``: run the speculative loop phase by phase from the host and report the
@@ -152,6 +155,8 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     overshoot = 0
     if drafter is not None:
+        from jspec.tune import resolve_spec
+        spec = resolve_spec(drafter, spec, B)
         spec = spec if spec is not None else drafter.default_spec
         drafter.module.validate(target.config, drafter.params)
         S, N = tree_shape(drafter.module, spec)

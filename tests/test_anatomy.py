@@ -120,6 +120,9 @@ def test_count_kernels_counts_the_biggest_branch():
     n_big, n_small = count(f([big, big])), count(f([small, small]))
     assert n_big > n_small
     assert count(f([small, big])) == count(f([big, small])) == n_big
+    flops = lambda fn: anatomy.dot_flops(jax.jit(fn).lower(i, sds).compile().as_text())
+    assert flops(f([small, big])) == flops(f([big, small])) == flops(f([big, big]))
+    assert flops(f([big, big]))["once"] == 3 * 2 * 8 ** 3
 
 
 def test_cli_smoke(tmp_path, capsys):

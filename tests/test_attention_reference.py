@@ -84,6 +84,9 @@ def test_windowed_prefix_reads_the_live_bucket():
                                rtol=2e-5, atol=2e-5)
 
 
-def test_short_tables_have_one_bucket():
+def test_short_tables_and_accelerators_have_one_bucket():
+    from jspec.platform import building_for
     assert attn.reach_buckets(attn.LIVE_MIN_PAGES - 1) == (attn.LIVE_MIN_PAGES - 1,)
     assert attn.reach_buckets(17) == (5, 9, 17)
+    with building_for("tpu"):        # the kernels read live pages; the fallback keeps one read
+        assert attn.reach_buckets(17) == (17,)

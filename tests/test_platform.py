@@ -69,11 +69,10 @@ def test_tpu_decode_and_commit_do_not_copy_the_kv_pool():
 # Kernels in one layer of the scanned stack (deviceless v5e compile of the config below):
 # upper bounds a little above what was measured after the per-forward inputs (RoPE tables,
 # KV write index, attention visibility / kernel page table and mask words) moved out of the
-# layer body; in brackets, before (6d4fea5). The reference's live-length read (a switch over
-# page-table buckets, its biggest branch counted) adds 3-4 to the reference rows.
+# layer body; in brackets, before (6d4fea5).
 TPU_LAYER_BODY_BUDGETS = {
-    ("reference", "plain_step"): 41,    # measured 39 (36 before the live-length read)  [51]
-    ("reference", "verify"): 46,        # measured 44 (40)  [66]
+    ("reference", "plain_step"): 38,    # measured 36  [51]
+    ("reference", "verify"): 42,        # measured 40  [66]
     ("pallas", "plain_step"): 35,       # measured 33  [48]
     ("pallas", "verify"): 40,           # measured 38  [58]
 }

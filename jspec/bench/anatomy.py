@@ -320,7 +320,8 @@ def _operands(attrs: str) -> list[str]:
 def dot_flops(text: str) -> dict:
     """Flops of every ``dot`` (top level or fused), ``once`` (each loop body once, like XLA's
     cost analysis) and ``weighted`` by the known trip counts of the enclosing while loops
-    (a loop without a known trip count weighs 1). 2 * result elements * contracted size."""
+    (a loop without a known trip count weighs 1); of a conditional's branches only the
+    biggest counts. 2 * result elements * contracted size."""
     comps, entry = parse_hlo(text)
     shapes = {c: {i.name: i.shape for i in ins} for c, ins in comps.items()}
     out = {"once": 0.0, "weighted": 0.0}
@@ -342,9 +343,19 @@ def dot_flops(text: str) -> dict:
                     f = 2.0 * int(np.prod(res[1])) * k
                     out["weighted"] += f * mult
                     out["once"] += f if first else 0.0
+            if ins.opcode == "conditional":     # one branch runs: the biggest counts
+                before, best = dict(out), None
+                for c in _called(ins.attrs, ("true_computation", "false_computation",
+                                             "branch_computations")):
+                    out.update(before)
+                    walk(c, mult, first)
+                    seen.discard(c)
+                    if best is None or out["weighted"] > best["weighted"]:
+                        best = dict(out)
+                out.update(best or before)
+                continue
             n = (_trip_count(ins.attrs) or 1) if ins.opcode == "while" else 1
-            for c in _called(ins.attrs, ("body", "true_computation", "false_computation",
-                                         "branch_computations", "calls")):
+            for c in _called(ins.attrs, ("body", "calls")):
                 walk(c, mult * n, first)
             if ins.opcode == "call":
                 for c in _called(ins.attrs, ("to_apply",)):

@@ -238,9 +238,10 @@ def sim_drafter(cfg, kind: str = SIM_KIND, draft_vocab: int = SIM_DRAFT_VOCAB, s
 
 
 def micro_costs(target: Target, context: int, repeats: int = 20, page_size: int = 16,
-                seed: int = 0, specs: Sequence[SpecConfig] = SIM_SPECS, drafter=None) -> dict:
-    """``t_1``, and per spec ``t_V`` and one draft step (ms) and ``c`` at batch 1 (see the
-    module docstring). All variants are timed alternately, call by call."""
+                seed: int = 0, specs: Sequence[SpecConfig] = SIM_SPECS, drafter=None,
+                batch: int = 1) -> dict:
+    """``t_1``, and per spec ``t_V`` and one draft step (ms) and ``c`` at ``batch`` rows (see
+    the module docstring). All variants are timed alternately, call by call."""
     from jspec import kv_cache as kvc
     from jspec.drafters.base import top_k_logprobs
     from jspec.tree.build import build_tree
@@ -250,25 +251,26 @@ def micro_costs(target: Target, context: int, repeats: int = 20, page_size: int 
     d = d.serving                 # the layout generate runs
     m = d.module
     rng = np.random.default_rng(seed)
+    B = batch
     maxN = max(sp.num_draft_tokens for sp in specs)
     # t_1: a 1-token decode step.
-    tok1 = jnp.asarray(rng.integers(0, cfg.vocab_size, (1, 1)), jnp.int32)
-    v1 = _prepare(forward._step_fn(cfg), params, tok1, jnp.full((1, 1), context, jnp.int32),
-                  forward.make_cache(cfg, 1, context, maxN, page_size, seed))
+    tok1 = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, 1)), jnp.int32)
+    v1 = _prepare(forward._step_fn(cfg), params, tok1, jnp.full((B, 1), context, jnp.int32),
+                  forward.make_cache(cfg, B, context, maxN, page_size, seed))
     variants, per_spec = [v1], []
     for sp in specs:
         S, K, N = sp.num_steps, sp.topk, sp.num_draft_tokens
         W = max((S - 1) * K, 1)
         # t_V: N tree nodes with the tree mask, positions context + depth.
-        tree = build_tree(jnp.asarray(rng.integers(0, cfg.vocab_size, (1, N)), jnp.int32),
-                          jnp.asarray(sim_tree_parents(sp)[None]), S)
+        tree = build_tree(jnp.asarray(rng.integers(0, cfg.vocab_size, (B, N)), jnp.int32),
+                          jnp.asarray(np.repeat(sim_tree_parents(sp)[None], B, 0)), S)
         vV = _prepare(forward._step_fn(cfg, tree.mask()), params, tree.tokens,
                       context + tree.depths,
-                      forward.make_cache(cfg, 1, context, maxN, page_size, seed))
+                      forward.make_cache(cfg, B, context, maxN, page_size, seed))
         # One tree-loop step: the drafter's net for K frontier nodes against its paged
         # prefix and transient window, then the top-K of its distribution.
-        feats = jax.random.normal(jax.random.key(seed + 1), (1, K, cfg.hidden_size), cfg.dtype)
-        mask = jax.nn.one_hot(jnp.arange(K), W, dtype=bool)[None]
+        feats = jax.random.normal(jax.random.key(seed + 1), (B, K, cfg.hidden_size), cfg.dtype)
+        mask = jnp.broadcast_to(jax.nn.one_hot(jnp.arange(K), W, dtype=bool)[None], (B, K, W))
 
         def draft_step(p, tokens, positions, cache, m=m, feats=feats, mask=mask, W=W, K=K):
             dp, tp = p
@@ -278,9 +280,9 @@ def micro_costs(target: Target, context: int, repeats: int = 20, page_size: int 
             logp, _ = top_k_logprobs(logits, K)
             return logp, window.prefix
 
-        tokd = jnp.asarray(rng.integers(0, min(cfg.vocab_size, m.draft_vocab), (1, K)), jnp.int32)
-        vD = _prepare(draft_step, (d.params, params), tokd, jnp.full((1, K), context, jnp.int32),
-                      forward.make_cache(m.layer.replace(num_layers=m.cache_layers), 1, context,
+        tokd = jnp.asarray(rng.integers(0, min(cfg.vocab_size, m.draft_vocab), (B, K)), jnp.int32)
+        vD = _prepare(draft_step, (d.params, params), tokd, jnp.full((B, K), context, jnp.int32),
+                      forward.make_cache(m.layer.replace(num_layers=m.cache_layers), B, context,
                                          W, page_size, seed))
         variants += [vV, vD]
         per_spec.append((sp, vV, vD))
@@ -291,7 +293,8 @@ def micro_costs(target: Target, context: int, repeats: int = 20, page_size: int 
                 v["times"].append(dt)
     med = lambda v: 1000.0 * statistics.median(v["times"])
     t1 = med(v1)
-    out = {"context": context, "t_1 ms": t1, "drafter": m.kind, "draft vocab": m.draft_vocab,
+    out = {"context": context, "batch": B, "t_1 ms": t1, "drafter": m.kind,
+           "draft vocab": m.draft_vocab,
            "compile s": [v["compile s"] for v in variants], "specs": {}}
     for sp, vV, vD in per_spec:
         key = f"{sp.num_steps},{sp.topk},{sp.num_draft_tokens}"

@@ -29,10 +29,13 @@ DEFAULT_SPECS = {
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Drafter:
-    """A drafter: ``module`` (a hashable architecture spec such as :class:`Eagle1`) and params."""
+    """A drafter: ``module`` (a hashable architecture spec such as :class:`Eagle1`) and params;
+    ``source``: the checkpoint directory it was loaded from (where ``jspec tune`` stores its
+    pick for ``spec="auto"``), None for drafters made in memory."""
 
     module: Any
     params: Any
+    source: str | None = None
 
     @property
     def kind(self) -> str:
@@ -44,7 +47,7 @@ class Drafter:
         runs. Kinds without one (Medusa, the oracle) are returned as they are."""
         if not hasattr(self.module, "serving"):
             return self
-        return Drafter(*self.module.serving(self.params))
+        return Drafter(*self.module.serving(self.params), source=self.source)
 
     @property
     def default_spec(self) -> SpecConfig | None:

@@ -500,7 +500,7 @@ def load_drafter(path: str | os.PathLike, target_config, dtype=None, *, kind: st
         drafter = _load_orbax(d, target, dtype)
         if kind is not None and drafter.kind != kind:
             raise CheckpointError(f"{d}: holds a {drafter.kind} drafter, kind={kind!r} was asked for")
-        return drafter
+        return dataclasses.replace(drafter, source=str(d))
     cfg = _read_config(d)
     with _Tensors(d) as ts:
         k = _resolve_kind(cfg, ts, kind)
@@ -533,7 +533,7 @@ def load_drafter(path: str | os.PathLike, target_config, dtype=None, *, kind: st
     params = unflatten(flat)
     params.update(extra)
     module.validate(target, params)                 # index maps (d2t, token_map)
-    return Drafter(module, params)
+    return Drafter(module, params, source=str(d))
 
 
 def _check_table_covers(module, table, expected, extra) -> None:

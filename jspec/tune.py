@@ -1,0 +1,347 @@
+"""``jspec.tune``: pick the tree (S, K, N) from costs and acceptance measured here.
+
+The best shape depends on the hardware (how a verify pass's cost grows with N), the batch and
+the drafter (how fast acceptance decays with depth), so it is measured, not guessed:
+
+1. **Costs** (:func:`measure_costs`), timed call by call on this machine at the batch in use:
+   ``t_1`` (a 1-token target step), ``t_V(N)`` (a target pass over N tree nodes, for N in
+   :data:`COST_NODES`, interpolated between) and ``step(K)`` (one drafter tree-loop step over K
+   frontier nodes). The rest of an iteration (the extend, walk, commit, loop bookkeeping) is a
+   fixed ``overhead``, fitted from one timed run of the drafter's default shape.
+2. **Acceptance** (:func:`predict_accept`): the expected accept length E(S, K, N) of every grid
+   shape, teacher-forced on calibration sequences (the prompts and their greedy continuations
+   by the target): the drafter's real ``propose`` at each position, walked against the target's
+   greedy tokens (:class:`jspec.train.acceptance.TeacherForced`). With ``forced_accept`` (the
+   benchmark mode) E is min(forced, S + 1).
+3. **Model**: tokens/s(S, K, N) = batch * E / (t_V(N) + S step(K) + overhead) (S drafter
+   forwards per iteration: S - 1 tree-loop steps and the extend).
+4. **Confirm**: the ``confirm`` best predicted shapes (and the default) are timed end to end,
+   interleaved with plain decoding; the fastest *measured* one is the pick. ``exhaustive``
+   times every grid shape instead, which measures the model's error and how close the pick is
+   to the best shape found.
+
+The pick is stored beside the drafter checkpoint (``jspec_tuning.json``, keyed by device kind
+and batch; written whole to a temporary file, then renamed), and ``generate(spec="auto")``
+reads it. Not built yet: acceptance-aware node selection (issue 11, item 2) and a per-rank
+acceptance profile; the E model here is the teacher-forced measurement of each shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from jspec.spec_config import SpecConfig, SpecConfigError
+
+log = logging.getLogger("jspec")
+
+TUNING_FILE = "jspec_tuning.json"
+COST_NODES = (2, 4, 8, 16, 32, 64)      # t_V(N) is measured here, linearly interpolated between
+COST_TOPK = (1, 2, 4, 8)                # step(K) is measured for these K
+
+
+TUNABLE = ("eagle1", "eagle3", "mtp")
+
+
+def default_grid(max_depth: int = 7) -> list[SpecConfig]:
+    """Chains of depth 1..``max_depth`` and EAGLE-2 trees (S in 3..6, K in 2, 4, 8, N in 8,
+    16, 32, 64) that the knobs allow: 31 shapes for the default depth."""
+    grid = [SpecConfig.chain(S) for S in range(1, max_depth + 1)]
+    for S in (3, 4, 5, 6):
+        for K in (2, 4, 8):
+            for N in (8, 16, 32, 64):
+                try:
+                    sp = SpecConfig(S, K, N)
+                except SpecConfigError:
+                    continue
+                if S <= max_depth and N <= 1 + S * K * 2:   # no tree wider than ~2 levels of K
+                    grid.append(sp)
+    return grid
+
+
+def shape(spec: SpecConfig) -> str:
+    return f"{spec.num_steps},{spec.topk},{spec.num_draft_tokens}"
+
+
+def parse_shape(text: str) -> SpecConfig:
+    S, K, N = (int(x) for x in text.split(","))
+    return SpecConfig(S, K, N)
+
+
+# --------------------------------------------------------------------------- costs
+@dataclasses.dataclass
+class Costs:
+    """Milliseconds at ``batch`` rows: ``t1``; ``tv[N]``; ``step[K]``; ``overhead`` per
+    iteration (fitted, see :func:`fit_overhead`)."""
+    batch: int
+    t1: float
+    tv: dict[int, float]
+    step: dict[int, float]
+    overhead: float = 0.0
+
+    def t_verify(self, N: int) -> float:
+        ns = sorted(self.tv)
+        return float(np.interp(N, ns, [self.tv[n] for n in ns]))
+
+    def t_step(self, K: int) -> float:
+        ks = sorted(self.step)
+        return float(np.interp(K, ks, [self.step[k] for k in ks]))
+
+    def iteration_ms(self, spec: SpecConfig) -> float:
+        return (self.t_verify(spec.num_draft_tokens) + spec.num_steps * self.t_step(spec.topk)
+                + self.overhead)
+
+    def as_dict(self) -> dict:
+        return {"batch": self.batch, "t_1 ms": self.t1,
+                "t_V/t_1": {n: v / self.t1 for n, v in sorted(self.tv.items())},
+                "c(K)": {k: v / self.t1 for k, v in sorted(self.step.items())},
+                "overhead/t_1": self.overhead / self.t1}
+
+
+def measure_costs(target, drafter, context: int, batch: int = 1, repeats: int = 10,
+                  nodes: Sequence[int] = COST_NODES, topk: Sequence[int] = COST_TOPK) -> Costs:
+    """Time ``t_1``, ``t_V(N)`` and ``step(K)`` against a cache of ``context`` positions (see
+    :func:`jspec.bench.spec.micro_costs`: random cache contents, every variant timed in
+    turn, call by call). t_V(N) comes from chains of N nodes, step(K) from 3-step trees."""
+    from jspec.bench.spec import micro_costs
+    probes = [SpecConfig.chain(n - 1) for n in nodes]
+    probes += [SpecConfig(3, k, 2 * k + 1) for k in topk if k > 1]
+    m = micro_costs(target, context, repeats, specs=probes, drafter=drafter, batch=batch)
+    tv, steps = {}, {}
+    for sp in probes:
+        r = m["specs"][shape(sp)]
+        if sp.is_chain:
+            tv[sp.num_draft_tokens] = r["t_V ms"]
+        steps.setdefault(sp.topk, []).append(r["draft step ms"])
+    return Costs(batch, m["t_1 ms"], tv, {k: float(np.median(v)) for k, v in steps.items()})
+
+
+def fit_overhead(costs: Costs, spec: SpecConfig, wall_ms_per_iteration: float) -> Costs:
+    """The per-iteration time a measured run spent outside the modelled verify and draft
+    steps (never below zero)."""
+    model = costs.iteration_ms(spec) - costs.overhead
+    return dataclasses.replace(costs, overhead=max(0.0, wall_ms_per_iteration - model))
+
+
+# --------------------------------------------------------------------------- acceptance
+def calibration_sequences(target, prompts, new_tokens: int) -> list[np.ndarray]:
+    """The prompts (token ids) and the target's greedy continuation of each."""
+    import jspec
+    res = jspec.generate(target, prompts, max_new_tokens=new_tokens, temperature=0.0)
+    ids = [list(p) for p in _prompt_ids(target, prompts)]
+    return [np.asarray(p + t, np.int32) for p, t in zip(ids, res.tokens)]
+
+
+def _prompt_ids(target, prompts) -> list[list[int]]:
+    from jspec.generate import _as_id_lists
+    return _as_id_lists(target, prompts)[0]
+
+
+def predict_accept(target, drafter, grid: Sequence[SpecConfig], seqs, *, stride: int = 1,
+                   forced_accept: float = 0.0) -> dict[str, float]:
+    """Expected accept length per grid shape: teacher-forced on ``seqs`` (see the module
+    docstring), or min(forced, S + 1) in the forced benchmark mode."""
+    if forced_accept:
+        return {shape(sp): min(float(forced_accept), sp.num_steps + 1.0) for sp in grid}
+    from jspec.train.acceptance import TeacherForced
+    m = drafter.module
+    aux = tuple(m.aux_layers) if getattr(m, "feature_source", "final") == "aux" else None
+    tf = TeacherForced(target, seqs, aux_layers=aux, stride=stride,
+                       max_depth=max(sp.num_steps for sp in grid))
+    return {shape(sp): tf.accept(drafter, sp) for sp in grid}
+
+
+# --------------------------------------------------------------------------- tuning
+@dataclasses.dataclass
+class TuneResult:
+    pick: SpecConfig
+    costs: Costs
+    rows: list[dict]                 # one per grid shape: predicted (and measured) E, tokens/s
+    plain_tokens_per_s: float
+    device: str
+    batch: int
+
+    def table(self) -> str:
+        cols = ["S,K,N", "E pred", "E meas", "tok/s pred", "tok/s meas", "speedup meas"]
+        out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+        for r in self.rows:
+            vals = [r["S,K,N"], r["E pred"], r.get("E meas"), r["tok/s pred"],
+                    r.get("tok/s meas"), r.get("speedup meas")]
+            out.append("| " + " | ".join("-" if v is None else
+                                         (f"{v:.3g}" if isinstance(v, float) else str(v))
+                                         for v in vals) + " |")
+        return "\n".join(out)
+
+    def as_dict(self) -> dict:
+        rows = [{k: v for k, v in r.items() if k != "spec"} for r in self.rows]
+        return {"pick": shape(self.pick), "device": self.device, "batch": self.batch,
+                "plain tokens/s": self.plain_tokens_per_s, "costs": self.costs.as_dict(),
+                "errors": self.errors(), "rows": rows}
+
+    def errors(self) -> dict:
+        """Mean absolute relative error of the predicted E and tokens/s over the timed rows."""
+        timed = [r for r in self.rows if r.get("tok/s meas")]
+        rel = lambda a, b: abs(a - b) / b
+        if not timed:
+            return {}
+        return {"timed shapes": len(timed),
+                "E error": float(np.mean([rel(r["E pred"], r["E meas"]) for r in timed])),
+                "tok/s error": float(np.mean([rel(r["tok/s pred"], r["tok/s meas"])
+                                              for r in timed]))}
+
+
+def device_kind() -> str:
+    d = jax.devices()[0]
+    return f"{d.platform}:{getattr(d, 'device_kind', '') or d.platform}"
+
+
+def tune(target, drafter, prompts, *, batch: int = 1, new_tokens: int = 64,
+         grid: Sequence[SpecConfig] | None = None, confirm: int = 3, exhaustive: bool = False,
+         repeats: int = 2, cost_repeats: int = 10, calib_tokens: int = 96, stride: int = 2,
+         forced_accept: float = 0.0, cost_nodes: Sequence[int] = COST_NODES,
+         cost_topk: Sequence[int] = COST_TOPK,
+         progress: Callable[[str], None] = print) -> TuneResult:
+    """Measure, predict and confirm (see the module docstring); returns the pick and the
+    grid's rows. ``prompts``: at least ``batch`` prompts (strings or token ids); the timed
+    runs use the first ``batch`` of them, the calibration all of them."""
+    import jspec
+    from jspec.bench.spec import _interleaved
+
+    if drafter.kind not in TUNABLE:
+        raise ValueError(f"tune picks EAGLE-2 trees and chains for {TUNABLE} drafters; a "
+                         f"{drafter.kind} drafter is not supported")
+    grid = list(grid or default_grid())
+    if len(prompts) < batch:
+        raise ValueError(f"tune needs at least batch={batch} prompts, got {len(prompts)}")
+    default = drafter.default_spec
+    if default is not None and shape(default) not in {shape(g) for g in grid}:
+        grid.append(default)
+    t0 = time.perf_counter()
+    ids = _prompt_ids(target, prompts)
+    context = max(len(p) for p in ids) + new_tokens
+    progress(f"costs: t_1, t_V(N) for N in {tuple(cost_nodes)}, step(K) for K in "
+             f"{tuple(cost_topk)} (batch {batch}, context {context}) ...")
+    costs = measure_costs(target, drafter, context, batch, cost_repeats, cost_nodes, cost_topk)
+    progress(f"acceptance: {len(grid)} shapes" + (" (forced)" if forced_accept else
+                                                   ", teacher forced ..."))
+    seqs = [] if forced_accept else calibration_sequences(target, prompts, calib_tokens)
+    E = predict_accept(target, drafter, grid, seqs, stride=stride, forced_accept=forced_accept)
+
+    rows_prompts = ids[:batch]
+    gen = lambda **kw: (lambda: jspec.generate(target, rows_prompts, max_new_tokens=new_tokens,
+                                               stop_ids=[], forced_accept=forced_accept, **kw))
+    # The overhead: one timed run of the reference shape against its modelled parts.
+    ref = default if default is not None else grid[0]
+    (_, med, res), = _interleaved([gen(drafter=drafter, spec=ref)], 1)
+    iters = max(s["iterations"] for s in res.stats)
+    costs = fit_overhead(costs, ref, 1000.0 * med / iters)
+
+    rows = []
+    for sp in grid:
+        e = E[shape(sp)]
+        rows.append({"S,K,N": shape(sp), "spec": sp, "E pred": e,
+                     "tok/s pred": 1000.0 * batch * e / costs.iteration_ms(sp)})
+    rows.sort(key=lambda r: -r["tok/s pred"])
+    timed = rows if exhaustive else rows[:confirm]
+    if not exhaustive and default is not None and all(r["spec"] != default for r in timed):
+        timed = timed + [next(r for r in rows if r["spec"] == default)]
+    progress(f"timing {len(timed)} shapes end to end (and plain decoding), interleaved ...")
+    results = _interleaved([gen()] + [gen(drafter=drafter, spec=r["spec"]) for r in timed],
+                           repeats)
+    plain_tps = batch * new_tokens / results[0][1]
+    for r, (_, med, res) in zip(timed, results[1:]):
+        r["tok/s meas"] = batch * new_tokens / med
+        r["speedup meas"] = r["tok/s meas"] / plain_tps
+        h = np.sum([s["accept_hist"] for s in res.stats], axis=0)
+        r["E meas"] = float((h * np.arange(len(h))).sum() / max(1, h.sum()))
+    best = max(timed, key=lambda r: r["tok/s meas"])
+    progress(f"tuned in {time.perf_counter() - t0:.0f} s: pick ({best['S,K,N']}), "
+             f"{best['tok/s meas']:.1f} tok/s, {best['speedup meas']:.2f}x plain")
+    return TuneResult(best["spec"], costs, rows, plain_tps, device_kind(), batch)
+
+
+# --------------------------------------------------------------------------- the stored pick
+def _key(device: str, batch: int) -> str:
+    return f"{device}|batch={batch}"
+
+
+def store(result: TuneResult, drafter_dir: str | os.PathLike) -> Path:
+    """Add the pick to ``drafter_dir/jspec_tuning.json`` (other keys kept); written whole to
+    a temporary file in the same directory, then renamed over the old one."""
+    path = Path(drafter_dir) / TUNING_FILE
+    data = json.loads(path.read_text()) if path.is_file() else {"picks": {}}
+    best = next(r for r in result.rows if r["spec"] == result.pick)
+    data["picks"][_key(result.device, result.batch)] = {
+        "spec": [result.pick.num_steps, result.pick.topk, result.pick.num_draft_tokens],
+        "tokens_per_s": best["tok/s meas"], "plain_tokens_per_s": result.plain_tokens_per_s,
+        "jax": jax.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def stored_spec(drafter, batch: int, device: str | None = None) -> SpecConfig | None:
+    """The stored pick for this drafter (loaded from a directory), device kind and batch;
+    None when there is none."""
+    src = getattr(drafter, "source", None)
+    if src is None:
+        return None
+    path = Path(src) / TUNING_FILE
+    if not path.is_file():
+        return None
+    pick = json.loads(path.read_text()).get("picks", {}).get(_key(device or device_kind(), batch))
+    return None if pick is None else SpecConfig(*pick["spec"])
+
+
+def resolve_spec(drafter, spec, batch: int):
+    """``spec="auto"``: the stored pick, else the drafter's default with a warning."""
+    if not (isinstance(spec, str) and spec == "auto"):
+        if isinstance(spec, str):
+            raise ValueError(f"spec={spec!r}: pass a SpecConfig, None (the drafter's default) "
+                             f"or 'auto' (the pick stored by `python -m jspec tune`)")
+        return spec
+    picked = stored_spec(drafter, batch)
+    if picked is None:
+        log.warning("spec='auto': no tuned pick for this drafter on %s at batch %d; using its "
+                    "default. Run `python -m jspec tune --model M --drafter D --prompts FILE "
+                    "--batch %d` to measure one.", device_kind(), batch, batch)
+        return drafter.default_spec
+    return picked
+
+
+def plot(result: TuneResult, path: str | os.PathLike) -> None:
+    """Predicted against measured tokens/s for every timed shape, chains and trees apart."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    timed = [r for r in result.rows if r.get("tok/s meas")]
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for chain, marker in ((True, "o"), (False, "s")):
+        rs = [r for r in timed if r["spec"].is_chain == chain]
+        ax.scatter([r["tok/s pred"] for r in rs], [r["tok/s meas"] for r in rs], marker=marker,
+                   label="chains" if chain else "trees")
+        for r in rs:
+            ax.annotate(r["S,K,N"], (r["tok/s pred"], r["tok/s meas"]), fontsize=6)
+    lo = min(min(r["tok/s pred"], r["tok/s meas"]) for r in timed)
+    hi = max(max(r["tok/s pred"], r["tok/s meas"]) for r in timed)
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="predicted = measured")
+    ax.axhline(result.plain_tokens_per_s, color="gray", lw=0.8, label="plain decoding")
+    ax.set_xlabel("predicted tokens/s")
+    ax.set_ylabel("measured tokens/s")
+    ax.set_title(f"jspec tune: pick ({shape(result.pick)}), {result.device}, "
+                 f"batch {result.batch}", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
