@@ -212,6 +212,9 @@ def run_tune(args) -> int:
     print(res.table())
     print(f"plain {res.plain_tokens_per_s:.1f} tok/s; pick ({tune.shape(res.pick)}); "
           f"errors {json.dumps(res.errors())}")
+    if res.confirm_pick:
+        print(f"without --exhaustive (best {args.confirm} predicted + the default, timed): "
+              f"{json.dumps(res.confirm_pick)}")
     if args.json:
         Path(args.json).write_text(json.dumps(res.as_dict(), indent=1))
     if args.plot:

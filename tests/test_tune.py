@@ -25,7 +25,9 @@ def test_cost_model_interpolates_and_fits_the_overhead():
     fitted = tune.fit_overhead(c, chain, c.iteration_ms(chain) + 0.75)
     assert fitted.overhead == pytest.approx(0.75)
     assert fitted.iteration_ms(SpecConfig(5, 4, 8)) == pytest.approx(4.0 + 5 * 1.0 + 0.75)
-    assert tune.fit_overhead(c, chain, 0.1).overhead == 0.0      # never negative
+    fast = tune.fit_overhead(c, chain, 0.5 * c.iteration_ms(chain))   # never a negative overhead:
+    assert fast.overhead == 0.0 and fast.scale == pytest.approx(0.5)    # the steps scale instead
+    assert fast.iteration_ms(chain) == pytest.approx(0.5 * c.iteration_ms(chain))
     assert c.as_dict()["t_V/t_1"] == {2: 1.0, 8: 2.0}
 
 
@@ -70,6 +72,7 @@ def test_tune_picks_the_fastest_timed_shape_and_spec_auto_uses_it(stories_dir, t
     for r in timed:
         assert r["E pred"] >= 1.0 and r["E meas"] >= 1.0 and r["tok/s pred"] > 0
     assert set(res.errors()) == {"timed shapes", "E error", "tok/s error"}
+    assert 0 < res.confirm_pick["of best"] <= 1.0
     stored = tune.store(res, drafter.source)
     data = json.loads(stored.read_text())
     assert list(data["picks"]) == [f"{tune.device_kind()}|batch=1"]

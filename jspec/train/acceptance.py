@@ -71,7 +71,9 @@ class TeacherForced:
     """Held-out sequences, their target features and greedy continuations, prepared once."""
 
     def __init__(self, target, seqs, aux_layers=None, max_depth: int = 6, stride: int = 1,
-                 chunk: int = 256, page_size: int = 16):
+                 chunk: int = 256, page_size: int = 16, starts=None):
+        """``starts``: per sequence, the first committed length L to evaluate (default 1;
+        e.g. the prompt length, to evaluate only where generation drafts)."""
         import jspec
         from jspec.train.features import aux_layers_for, make_target_pass, pad_sequences
         cfg = target.config
@@ -90,8 +92,9 @@ class TeacherForced:
             aux.append(a[:n])
         self.hidden, self.aux = np.concatenate(hid), np.concatenate(aux)
         # Rows: (sequence, committed length L); root = x[L]; L in [1, len - 1].
-        self.rows = np.array([(s, L) for s in range(N) for L in range(1, int(self.lens[s]), stride)],
-                             np.int32)
+        first = [1] * N if starts is None else [max(1, int(x)) for x in starts]
+        self.rows = np.array([(s, L) for s in range(N)
+                              for L in range(first[s], int(self.lens[s]), stride)], np.int32)
         # Greedy continuation of x[:L+1]: g[r, d] is the target's token after depth d.
         g = np.zeros((len(self.rows), max_depth + 1), np.int32)
         for lo in range(0, len(self.rows), chunk):
