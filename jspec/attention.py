@@ -9,8 +9,9 @@ None, a tree mask for verification); a drafter's tree loop uses a wider window
 mask is ever built, never prefix x T.
 
 This is the jnp reference the Pallas kernels are checked against; it gathers the
-row's pages into a contiguous view, which is simple and right but reads the whole
-addressable length.
+row's pages into a contiguous view, which is simple and right. On CPU it reads only the
+bucket of the page table that holds the live length (see ``LIVE_MIN_PAGES``); elsewhere
+it reads the whole addressable length.
 
 What only depends on the block and the cache's lengths, not on the layer (the ``[B, T, S]``
 visibility, the kernels' packed mask), is computed once per forward by the backend's
