@@ -102,6 +102,32 @@ class Costs:
         return self.scale * (self.t_verify(spec.num_draft_tokens)
                              + spec.num_steps * self.t_step(spec.topk)) + self.overhead
 
+    def shortlist_pick(self, confirm: int, default: SpecConfig | None) -> dict | None:
+        """From an exhaustive run's timings: what the default tuner (the ``confirm`` best
+        predicted shapes and ``default``, timed) would have picked, and its share of the
+        best measured tokens/s."""
+        timed = [r for r in self.rows if r.get("tok/s meas")]
+        if len(timed) < len(self.rows):
+            return None
+        ranked = sorted(self.rows, key=lambda r: -r["tok/s pred"])
+        short = ranked[:confirm] + [r for r in ranked if r["spec"] == default]
+        quick = max(short, key=lambda r: r["tok/s meas"])
+        best = max(timed, key=lambda r: r["tok/s meas"])
+        return {"S,K,N": quick["S,K,N"], "tokens/s": quick["tok/s meas"],
+                "of best": quick["tok/s meas"] / best["tok/s meas"]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TuneResult":
+        """Inverse of :meth:`as_dict` (e.g. a ``--json`` file)."""
+        c = d["costs"]
+        t1 = c["t_1 ms"]
+        costs = Costs(c["batch"], t1, {int(n): v * t1 for n, v in c["t_V/t_1"].items()},
+                      {int(k): v * t1 for k, v in c["c(K)"].items()},
+                      c["overhead/t_1"] * t1, c.get("scale", 1.0))
+        rows = [{**r, "spec": parse_shape(r["S,K,N"])} for r in d["rows"]]
+        return cls(parse_shape(d["pick"]), costs, rows, d["plain tokens/s"], d["device"],
+                   d["batch"], d.get("confirm pick"))
+
     def as_dict(self) -> dict:
         return {"batch": self.batch, "t_1 ms": self.t1,
                 "t_V/t_1": {n: v / self.t1 for n, v in sorted(self.tv.items())},
@@ -196,6 +222,32 @@ class TuneResult:
                                          (f"{v:.3g}" if isinstance(v, float) else str(v))
                                          for v in vals) + " |")
         return "\n".join(out)
+
+    def shortlist_pick(self, confirm: int, default: SpecConfig | None) -> dict | None:
+        """From an exhaustive run's timings: what the default tuner (the ``confirm`` best
+        predicted shapes and ``default``, timed) would have picked, and its share of the
+        best measured tokens/s."""
+        timed = [r for r in self.rows if r.get("tok/s meas")]
+        if len(timed) < len(self.rows):
+            return None
+        ranked = sorted(self.rows, key=lambda r: -r["tok/s pred"])
+        short = ranked[:confirm] + [r for r in ranked if r["spec"] == default]
+        quick = max(short, key=lambda r: r["tok/s meas"])
+        best = max(timed, key=lambda r: r["tok/s meas"])
+        return {"S,K,N": quick["S,K,N"], "tokens/s": quick["tok/s meas"],
+                "of best": quick["tok/s meas"] / best["tok/s meas"]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TuneResult":
+        """Inverse of :meth:`as_dict` (e.g. a ``--json`` file)."""
+        c = d["costs"]
+        t1 = c["t_1 ms"]
+        costs = Costs(c["batch"], t1, {int(n): v * t1 for n, v in c["t_V/t_1"].items()},
+                      {int(k): v * t1 for k, v in c["c(K)"].items()},
+                      c["overhead/t_1"] * t1, c.get("scale", 1.0))
+        rows = [{**r, "spec": parse_shape(r["S,K,N"])} for r in d["rows"]]
+        return cls(parse_shape(d["pick"]), costs, rows, d["plain tokens/s"], d["device"],
+                   d["batch"], d.get("confirm pick"))
 
     def as_dict(self) -> dict:
         rows = [{k: v for k, v in r.items() if k != "spec"} for r in self.rows]
@@ -301,11 +353,7 @@ def tune(target, drafter, prompts, *, batch: int = 1, new_tokens: int = 64,
              f"{best['tok/s meas']:.1f} tok/s, {best['speedup meas']:.2f}x plain")
     result = TuneResult(best["spec"], costs, rows, plain_tps, device_kind(), batch)
     if exhaustive:
-        # What the default (non-exhaustive) tuner would have picked from the same timings.
-        shortlist = rows[:confirm] + [r for r in rows if r["spec"] == default]
-        quick = max(shortlist, key=lambda r: r["tok/s meas"])
-        result.confirm_pick = {"S,K,N": quick["S,K,N"], "tokens/s": quick["tok/s meas"],
-                               "of best": quick["tok/s meas"] / best["tok/s meas"]}
+        result.confirm_pick = result.shortlist_pick(confirm, default)
     return result
 
 

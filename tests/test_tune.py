@@ -73,6 +73,10 @@ def test_tune_picks_the_fastest_timed_shape_and_spec_auto_uses_it(stories_dir, t
         assert r["E pred"] >= 1.0 and r["E meas"] >= 1.0 and r["tok/s pred"] > 0
     assert set(res.errors()) == {"timed shapes", "E error", "tok/s error"}
     assert 0 < res.confirm_pick["of best"] <= 1.0
+    again = tune.TuneResult.from_dict(json.loads(json.dumps(res.as_dict())))
+    assert again.pick == res.pick and again.rows == res.rows
+    assert again.costs.iteration_ms(res.pick) == pytest.approx(res.costs.iteration_ms(res.pick))
+    assert again.shortlist_pick(1, None)["S,K,N"] == max(res.rows, key=lambda r: r["tok/s pred"])["S,K,N"]
     stored = tune.store(res, drafter.source)
     data = json.loads(stored.read_text())
     assert list(data["picks"]) == [f"{tune.device_kind()}|batch=1"]
