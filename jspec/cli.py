@@ -44,7 +44,8 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     add_kernels_arg(p)
     sp = p.add_argument_group("speculative decoding")
     sp.add_argument("--drafter", help="drafter checkpoint (HF EAGLE/EAGLE-3/Medusa/MTP layout or "
-                    "jspec Orbax), or random:KIND (eagle1|eagle3|mtp|medusa) for random weights")
+                    "jspec Orbax), or random:KIND[:DRAFT_VOCAB] (eagle1|eagle3|mtp|medusa) for "
+                    "random weights")
     sp.add_argument("--spec-steps", type=int, help="S: tree depth / draft steps")
     sp.add_argument("--spec-topk", type=int, help="K: branching per step (1 = chain)")
     sp.add_argument("--spec-draft-tokens", type=int, help="N: tree nodes including the root")
@@ -55,10 +56,13 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
 
 
 def load_drafter_arg(spec: str, target):
+    """A checkpoint directory, or ``random:KIND[:DRAFT_VOCAB]`` for random weights."""
     from jspec import drafters
 
     if spec.startswith("random:"):
-        return drafters.random_drafter(spec.split(":", 1)[1], target.config)
+        kind, *vd = spec.split(":")[1:]
+        kw = {"vocab_size": int(vd[0])} if vd else {}
+        return drafters.random_drafter(kind, target.config, **kw)
     return drafters.load_drafter(spec, target.config)
 
 
@@ -190,14 +194,7 @@ def run_tune(args) -> int:
     from jspec.bench.plain import load, make_prompts
 
     target, _ = load(args.model, args.random_config)
-    drafter_arg = args.drafter
-    if drafter_arg.startswith("random:"):
-        from jspec import drafters
-        kind, *vd = drafter_arg.split(":")[1:]
-        kw = {"vocab_size": int(vd[0])} if vd else {}
-        drafter = drafters.random_drafter(kind, target.config, **kw)
-    else:
-        drafter = load_drafter_arg(drafter_arg, target)
+    drafter = load_drafter_arg(args.drafter, target)
     n = max(args.num_prompts, args.batch)
     if args.prompts:
         prompts = [line for line in Path(args.prompts).read_text().splitlines() if line.strip()][:n]

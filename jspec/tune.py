@@ -98,41 +98,26 @@ class Costs:
         ks = sorted(self.step)
         return float(np.interp(K, ks, [self.step[k] for k in ks]))
 
+    def steps_ms(self, spec: SpecConfig) -> float:
+        """The modelled steps of one iteration, unscaled: a verify and S drafter steps."""
+        return self.t_verify(spec.num_draft_tokens) + spec.num_steps * self.t_step(spec.topk)
+
     def iteration_ms(self, spec: SpecConfig) -> float:
-        return self.scale * (self.t_verify(spec.num_draft_tokens)
-                             + spec.num_steps * self.t_step(spec.topk)) + self.overhead
-
-    def shortlist_pick(self, confirm: int, default: SpecConfig | None) -> dict | None:
-        """From an exhaustive run's timings: what the default tuner (the ``confirm`` best
-        predicted shapes and ``default``, timed) would have picked, and its share of the
-        best measured tokens/s."""
-        timed = [r for r in self.rows if r.get("tok/s meas")]
-        if len(timed) < len(self.rows):
-            return None
-        ranked = sorted(self.rows, key=lambda r: -r["tok/s pred"])
-        short = ranked[:confirm] + [r for r in ranked if r["spec"] == default]
-        quick = max(short, key=lambda r: r["tok/s meas"])
-        best = max(timed, key=lambda r: r["tok/s meas"])
-        return {"S,K,N": quick["S,K,N"], "tokens/s": quick["tok/s meas"],
-                "of best": quick["tok/s meas"] / best["tok/s meas"]}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TuneResult":
-        """Inverse of :meth:`as_dict` (e.g. a ``--json`` file)."""
-        c = d["costs"]
-        t1 = c["t_1 ms"]
-        costs = Costs(c["batch"], t1, {int(n): v * t1 for n, v in c["t_V/t_1"].items()},
-                      {int(k): v * t1 for k, v in c["c(K)"].items()},
-                      c["overhead/t_1"] * t1, c.get("scale", 1.0))
-        rows = [{**r, "spec": parse_shape(r["S,K,N"])} for r in d["rows"]]
-        return cls(parse_shape(d["pick"]), costs, rows, d["plain tokens/s"], d["device"],
-                   d["batch"], d.get("confirm pick"))
+        return self.scale * self.steps_ms(spec) + self.overhead
 
     def as_dict(self) -> dict:
         return {"batch": self.batch, "t_1 ms": self.t1,
                 "t_V/t_1": {n: v / self.t1 for n, v in sorted(self.tv.items())},
                 "c(K)": {k: v / self.t1 for k, v in sorted(self.step.items())},
                 "overhead/t_1": self.overhead / self.t1, "scale": self.scale}
+
+    @classmethod
+    def from_dict(cls, c: dict) -> "Costs":
+        """Inverse of :meth:`as_dict` (JSON turns the N and K keys into strings)."""
+        t1 = c["t_1 ms"]
+        return cls(c["batch"], t1, {int(n): v * t1 for n, v in c["t_V/t_1"].items()},
+                   {int(k): v * t1 for k, v in c["c(K)"].items()}, c["overhead/t_1"] * t1,
+                   c.get("scale", 1.0))
 
 
 def measure_costs(target, drafter, context: int, batch: int = 1, repeats: int = 10,
@@ -157,7 +142,7 @@ def fit_overhead(costs: Costs, spec: SpecConfig, wall_ms_per_iteration: float) -
     """Fit the model to one measured run: the time spent outside the modelled verify and
     draft steps becomes ``overhead``; a run faster than the model (the steps cost less inside
     the compiled loop than timed alone: 0.6x on this CPU) scales the steps instead."""
-    model = costs.t_verify(spec.num_draft_tokens) + spec.num_steps * costs.t_step(spec.topk)
+    model = costs.steps_ms(spec)
     if wall_ms_per_iteration >= model:
         return dataclasses.replace(costs, overhead=wall_ms_per_iteration - model, scale=1.0)
     return dataclasses.replace(costs, overhead=0.0, scale=wall_ms_per_iteration / model)
@@ -194,14 +179,6 @@ def predict_accept(target, drafter, grid: Sequence[SpecConfig], seqs, *, starts=
 
 
 # --------------------------------------------------------------------------- tuning
-@dataclasses.dataclass
-class _Runs:
-    """Several ``generate`` calls timed as one (what ``_interleaved`` reads)."""
-    wall_s: float
-    stats: list
-    iterations: int = 0        # loop iterations, summed over the calls
-
-
 @dataclasses.dataclass
 class TuneResult:
     pick: SpecConfig
@@ -240,14 +217,9 @@ class TuneResult:
     @classmethod
     def from_dict(cls, d: dict) -> "TuneResult":
         """Inverse of :meth:`as_dict` (e.g. a ``--json`` file)."""
-        c = d["costs"]
-        t1 = c["t_1 ms"]
-        costs = Costs(c["batch"], t1, {int(n): v * t1 for n, v in c["t_V/t_1"].items()},
-                      {int(k): v * t1 for k, v in c["c(K)"].items()},
-                      c["overhead/t_1"] * t1, c.get("scale", 1.0))
         rows = [{**r, "spec": parse_shape(r["S,K,N"])} for r in d["rows"]]
-        return cls(parse_shape(d["pick"]), costs, rows, d["plain tokens/s"], d["device"],
-                   d["batch"], d.get("confirm pick"))
+        return cls(parse_shape(d["pick"]), Costs.from_dict(d["costs"]), rows,
+                   d["plain tokens/s"], d["device"], d["batch"], d.get("confirm pick"))
 
     def as_dict(self) -> dict:
         rows = [{k: v for k, v in r.items() if k != "spec"} for r in self.rows]
@@ -282,8 +254,7 @@ def tune(target, drafter, prompts, *, batch: int = 1, new_tokens: int = 64,
     """Measure, predict and confirm (see the module docstring); returns the pick and the
     grid's rows. ``prompts``: at least ``batch`` prompts (strings or token ids); the timed
     runs use the first ``batch`` of them, the calibration all of them."""
-    import jspec
-    from jspec.bench.spec import _interleaved
+    from jspec.bench.spec import _interleaved, generate_in_turn
 
     if drafter.kind not in TUNABLE:
         raise ValueError(f"tune picks EAGLE-2 trees and chains for {TUNABLE} drafters; a "
@@ -315,18 +286,15 @@ def tune(target, drafter, prompts, *, batch: int = 1, new_tokens: int = 64,
         sp = kw.get("spec")
         if forced_accept and sp is not None:   # a shallow shape cannot accept more than S + 1
             kw["forced_accept"] = min(float(forced_accept), sp.num_steps + 1.0)
-
-        def run():
-            parts = [jspec.generate(target, c, max_new_tokens=new_tokens, stop_ids=[], **kw)
-                     for c in chunks]
-            return _Runs(sum(p.wall_s for p in parts), [s for p in parts for s in p.stats],
-                         sum(max(s["iterations"] for s in p.stats) for p in parts))
-        return run
+        return lambda: generate_in_turn(target, chunks, max_new_tokens=new_tokens,
+                                        stop_ids=[], **kw)
 
     # The overhead: one timed run of the reference shape against its modelled parts.
     ref = default if default is not None else grid[0]
     (_, med, res), = _interleaved([gen(drafter=drafter, spec=ref)], 1)
-    iters = res.iterations
+    # A chunk's loop runs until its slowest row is done.
+    iters = sum(max(s["iterations"] for s in res.stats[i:i + batch])
+                for i in range(0, len(res.stats), batch))
     costs = fit_overhead(costs, ref, 1000.0 * med / iters)
 
     rows = []

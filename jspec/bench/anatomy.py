@@ -35,8 +35,8 @@ computations only: while bodies and conditions, conditional branches and ``call`
 **Each of those computations is counted once**, however many times it runs (a ``lax.scan``
 of S-1 draft steps contributes its body once; so does the cost analysis, which also
 counts a while body once). Of a conditional's branches only the biggest counts, since one
-runs (the reference attention's live-length buckets are such branches). Every instruction of a control-flow computation is one kernel,
-except the ones that move no data or only hand control on: ``parameter``, ``constant``,
+runs (the reference attention's live-length buckets are such branches). Every instruction
+of a control-flow computation is one kernel, except the ones that move no data or only hand control on: ``parameter``, ``constant``,
 ``get-tuple-element``, ``tuple``, ``bitcast``, ``while`` / ``conditional`` / ``call``
 (their bodies are walked instead), ``after-all``, ``add-dependency``, ``opt-barrier``,
 ``domain``, ``partition-id``, ``replica-id`` and the ``*-done`` / ``*-update`` halves of
@@ -233,6 +233,21 @@ def _loop_trips(attrs: str, comps) -> int | None:
     return None
 
 
+def _biggest_branch(attrs: str, totals: dict, key: str, seen: set, visit) -> None:
+    """Walk a conditional's branches (``visit(name)`` adds into ``totals``) and keep the
+    totals of the branch with the biggest ``totals[key]``: one branch runs. Each branch is
+    walked from the same totals, and forgotten by ``seen`` so another conditional calling
+    the same computation counts it too."""
+    before, best = dict(totals), None
+    for c in _called(attrs, ("true_computation", "false_computation", "branch_computations")):
+        totals.update(before)
+        visit(c)
+        seen.discard(c)
+        if best is None or totals[key] > best[key]:
+            best = dict(totals)
+    totals.update(best or before)
+
+
 def count_kernels(text: str, pool_shapes=(), num_layers: int | None = None) -> dict:
     """Kernel counts of an optimized HLO module by the rule in the module docstring, and
     ``pool_copies``: copies (anywhere, fusions included) with a result in ``pool_shapes``
@@ -264,16 +279,9 @@ def count_kernels(text: str, pool_shapes=(), num_layers: int | None = None) -> d
             op = ins.opcode
             if op == "while":
                 counts["while_loops"] += 1
-            if op == "conditional":     # one branch runs: count the biggest one
-                before, best = dict(counts), None
-                for c in _called(ins.attrs, ("true_computation", "false_computation",
-                                             "branch_computations")):
-                    counts.update(before)
-                    control(c, in_layer)
-                    if best is None or counts["kernels"] > best["kernels"]:
-                        best = dict(counts)
-                    seen_control.discard(c)
-                counts.update(best or before)
+            if op == "conditional":
+                _biggest_branch(ins.attrs, counts, "kernels", seen_control,
+                                lambda c: control(c, in_layer))
                 continue
             if op in ("while", "call"):
                 layer_loop = (op == "while" and num_layers is not None
@@ -343,16 +351,9 @@ def dot_flops(text: str) -> dict:
                     f = 2.0 * int(np.prod(res[1])) * k
                     out["weighted"] += f * mult
                     out["once"] += f if first else 0.0
-            if ins.opcode == "conditional":     # one branch runs: the biggest counts
-                before, best = dict(out), None
-                for c in _called(ins.attrs, ("true_computation", "false_computation",
-                                             "branch_computations")):
-                    out.update(before)
-                    walk(c, mult, first)
-                    seen.discard(c)
-                    if best is None or out["weighted"] > best["weighted"]:
-                        best = dict(out)
-                out.update(best or before)
+            if ins.opcode == "conditional":
+                _biggest_branch(ins.attrs, out, "weighted", seen,
+                                lambda c: walk(c, mult, first))
                 continue
             n = (_trip_count(ins.attrs) or 1) if ins.opcode == "while" else 1
             for c in _called(ins.attrs, ("body", "calls")):

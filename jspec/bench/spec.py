@@ -111,6 +111,18 @@ def _interleaved(calls: Sequence, repeats: int) -> list[tuple[float, float, obje
     return [(f, float(statistics.median(t)), r) for f, t, r in zip(firsts, times, lasts)]
 
 
+def generate_in_turn(target: Target, batches: Sequence[Sequence], **kw):
+    """``jspec.generate`` over each batch of prompts in turn, as one result: the rows of
+    every call in order, and the calls' summed ``wall_s``."""
+    import jspec
+    from jspec.generate import GenerationResult
+
+    res = [jspec.generate(target, list(b), **kw) for b in batches]
+    return GenerationResult(tokens=[t for r in res for t in r.tokens],
+                            stats=[s for r in res for s in r.stats],
+                            wall_s=sum(r.wall_s for r in res))
+
+
 def oracle_future(prompts: np.ndarray, plain_tokens: Sequence[Sequence[int]], width: int) -> np.ndarray:
     """``[B, width]`` int32: prompt then the plain greedy continuation, per row."""
     B, P = prompts.shape
@@ -142,7 +154,6 @@ def run_spec(target: Target, batch: int = 1, new_tokens: int = 128, prompt_len: 
     ``batch`` random-token prompts."""
     import jspec
     from jspec.drafters import Drafter, Oracle
-    from jspec.generate import GenerationResult
 
     cfg = target.config
     if text_prompts:
@@ -152,13 +163,8 @@ def run_spec(target: Target, batch: int = 1, new_tokens: int = 128, prompt_len: 
         total, oracle = len(ids) * new_tokens, False
 
         def gen(**kw):
-            def call():
-                res = [jspec.generate(target, [p], max_new_tokens=new_tokens, stop_ids=[], **kw)
-                       for p in ids]
-                return GenerationResult(tokens=[r.tokens[0] for r in res],
-                                        stats=[r.stats[0] for r in res],
-                                        wall_s=sum(r.wall_s for r in res))
-            return call
+            return lambda: generate_in_turn(target, [[p] for p in ids],
+                                            max_new_tokens=new_tokens, stop_ids=[], **kw)
     else:
         prompts = make_prompts(cfg, batch, prompt_len, seed + batch)
         plist = prompts.tolist()
