@@ -49,6 +49,10 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     sp.add_argument("--spec-steps", type=int, help="S: tree depth / draft steps")
     sp.add_argument("--spec-topk", type=int, help="K: branching per step (1 = chain)")
     sp.add_argument("--spec-draft-tokens", type=int, help="N: tree nodes including the root")
+    sp.add_argument("--selection", choices=["eagle2", "calibrated"],
+                    help="how a dynamic tree ranks its candidates: the drafter's path probability "
+                         "(eagle2) or the calibrated probability of acceptance (needs the "
+                         "drafter's jspec_calibration.json; default: the drafter's)")
     sp.add_argument("--spec-auto", action="store_true",
                     help="the tree `python -m jspec tune` stored beside the drafter for this "
                          "device and batch")
@@ -70,19 +74,20 @@ def spec_from_args(args, drafter):
     from jspec.spec_config import SpecConfig
 
     knobs = (args.spec_steps, args.spec_topk, args.spec_draft_tokens)
+    selection = getattr(args, "selection", None)
     if getattr(args, "spec_auto", False):
-        if any(k is not None for k in knobs):
-            raise ValueError("--spec-auto and --spec-steps/--spec-topk/--spec-draft-tokens "
-                             "exclude each other")
+        if any(k is not None for k in knobs) or selection:
+            raise ValueError("--spec-auto and --spec-steps/--spec-topk/--spec-draft-tokens/"
+                             "--selection exclude each other")
         return "auto"
-    if all(k is None for k in knobs):
+    if all(k is None for k in knobs) and not selection:
         return None
     base = drafter.default_spec or SpecConfig()
     pick = lambda v, d: d if v is None else v
     S = pick(args.spec_steps, base.num_steps)
     K = pick(args.spec_topk, base.topk)
     N = pick(args.spec_draft_tokens, S + 1 if K == 1 else base.num_draft_tokens)
-    return SpecConfig(S, K, N)
+    return SpecConfig(S, K, N, selection or base.selection)
 
 
 def run_generate(args) -> int:

@@ -28,6 +28,7 @@ from jspec.spec_config import SpecConfig
 from jspec.spec_decode import SpecDecoder, tree_shape
 from jspec.sharding import batch_sharding
 from jspec.target import Target
+from jspec.tree.calibration import check as check_selection
 
 
 @dataclasses.dataclass
@@ -159,6 +160,7 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
         spec = resolve_spec(drafter, spec, B)
         spec = spec if spec is not None else drafter.default_spec
         drafter.module.validate(target.config, drafter.params)
+        check_selection(drafter, spec)
         S, N = tree_shape(drafter.module, spec)
         if forced_accept and not 1.0 <= forced_accept <= S + 1:
             raise ValueError(f"forced_accept={forced_accept} must be in [1, S+1={S + 1}]")

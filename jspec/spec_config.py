@@ -9,6 +9,7 @@ class SpecConfigError(ValueError):
     """An impossible or unsupported combination of speculation knobs."""
 
 
+SELECTIONS = ("eagle2", "calibrated")  # see jspec.tree.calibration
 MAX_TREE_NODES = 64  # the bit-packed tree mask holds one row in at most 64 bits
 
 
@@ -19,11 +20,17 @@ class SpecConfig:
 
     Widths that follow: tree-node arrays are N wide; accepted-path arrays are S + 1 wide
     (max depth + 1, never N); the EAGLE-2 candidate pool is K + (S - 1) K^2.
+
+    ``selection``: how a dynamic tree ranks its candidates. ``"eagle2"`` (default): the
+    drafter's cumulative log-probability. ``"calibrated"``: the calibrated probability that
+    the path is accepted (:mod:`jspec.tree.calibration`; needs the drafter's table). Static
+    trees (Medusa) and chains (K = 1) draft the same nodes under either.
     """
 
     num_steps: int = 5
     topk: int = 4
     num_draft_tokens: int = 8
+    selection: str = "eagle2"
 
     def __post_init__(self):
         S, K, N = self.num_steps, self.topk, self.num_draft_tokens
@@ -40,6 +47,8 @@ class SpecConfig:
             raise SpecConfigError(
                 f"topk=1 is a chain, which has exactly num_steps + 1 = {S + 1} nodes; "
                 f"got num_draft_tokens={N}")
+        if self.selection not in SELECTIONS:
+            raise SpecConfigError(f"unknown selection {self.selection!r}; choose from {SELECTIONS}")
         if N - 1 > self.pool_size:
             raise SpecConfigError(
                 f"num_draft_tokens={N} needs {N - 1} drafts but num_steps={S}, topk={K} score "
@@ -60,3 +69,6 @@ class SpecConfig:
     @classmethod
     def chain(cls, num_steps: int) -> "SpecConfig":
         return cls(num_steps, 1, num_steps + 1)
+
+    def with_selection(self, selection: str) -> "SpecConfig":
+        return dataclasses.replace(self, selection=selection)

@@ -23,8 +23,10 @@ the drafter (how fast acceptance decays with depth), so it is measured, not gues
 
 The pick is stored beside the drafter checkpoint (``jspec_tuning.json``, keyed by device kind
 and batch; written whole to a temporary file, then renamed), and ``generate(spec="auto")``
-reads it. Not built yet: acceptance-aware node selection (issue 11, item 2) and a per-rank
-acceptance profile; the E model here is the teacher-forced measurement of each shape.
+reads it. A drafter with a calibration table (``python -m jspec.train calibrate``) is tuned
+over both node-selection policies: every tree shape also runs as ``S,K,N/cal``
+(:mod:`jspec.tree.calibration`), and the pick records its policy. The E model here is the
+teacher-forced measurement of each shape.
 """
 
 from __future__ import annotations
@@ -53,10 +55,13 @@ COST_TOPK = (1, 2, 4, 8)                # step(K) is measured for these K
 TUNABLE = ("eagle1", "eagle3", "mtp")
 
 
-def default_grid(max_depth: int = 7) -> list[SpecConfig]:
+def default_grid(max_depth: int = 7, selections: Sequence[str] = ("eagle2",)) -> list[SpecConfig]:
     """Chains of depth 1..``max_depth`` and EAGLE-2 trees (S in 3..6, K in 2, 4, 8, N in 8,
-    16, 32, 64) that the knobs allow, no wider than about two levels of K: 39 shapes."""
+    16, 32, 64) that the knobs allow, no wider than about two levels of K: 39 shapes. Trees
+    come once per node-selection policy in ``selections`` (a chain drafts the same nodes
+    under any)."""
     grid = [SpecConfig.chain(S) for S in range(1, max_depth + 1)]
+    trees = []
     for S in (3, 4, 5, 6):
         for K in (2, 4, 8):
             for N in (8, 16, 32, 64):
@@ -65,17 +70,33 @@ def default_grid(max_depth: int = 7) -> list[SpecConfig]:
                 except SpecConfigError:
                     continue
                 if S <= max_depth and N <= 1 + S * K * 2:   # no tree wider than ~2 levels of K
-                    grid.append(sp)
-    return grid
+                    trees.append(sp)
+    return grid + [sp.with_selection(sel) for sel in selections for sp in trees]
+
+
+CALIBRATED_SUFFIX = "/cal"
 
 
 def shape(spec: SpecConfig) -> str:
-    return f"{spec.num_steps},{spec.topk},{spec.num_draft_tokens}"
+    """``"S,K,N"``, with ``/cal`` for a tree under calibrated selection."""
+    text = f"{spec.num_steps},{spec.topk},{spec.num_draft_tokens}"
+    return text + CALIBRATED_SUFFIX if spec.selection == "calibrated" else text
 
 
 def parse_shape(text: str) -> SpecConfig:
-    S, K, N = (int(x) for x in text.split(","))
-    return SpecConfig(S, K, N)
+    """Inverse of :func:`shape`."""
+    cal = text.endswith(CALIBRATED_SUFFIX)
+    S, K, N = (int(x) for x in text.removesuffix(CALIBRATED_SUFFIX).split(","))
+    return SpecConfig(S, K, N, "calibrated" if cal else "eagle2")
+
+
+def selections_for(drafter) -> tuple[str, ...]:
+    """The node-selection policies a drafter can run: calibrated too when it carries a table
+    (``python -m jspec.train calibrate``)."""
+    from jspec.tree.calibration import PARAM_KEY
+    params = drafter.params
+    return ("eagle2", "calibrated") if isinstance(params, dict) and PARAM_KEY in params \
+        else ("eagle2",)
 
 
 # --------------------------------------------------------------------------- costs
@@ -259,7 +280,7 @@ def tune(target, drafter, prompts, *, batch: int = 1, new_tokens: int = 64,
     if drafter.kind not in TUNABLE:
         raise ValueError(f"tune picks EAGLE-2 trees and chains for {TUNABLE} drafters; a "
                          f"{drafter.kind} drafter is not supported")
-    grid = list(grid or default_grid())
+    grid = list(grid or default_grid(selections=selections_for(drafter)))
     if len(prompts) < batch:
         raise ValueError(f"tune needs at least batch={batch} prompts, got {len(prompts)}")
     default = drafter.default_spec
@@ -338,6 +359,7 @@ def store(result: TuneResult, drafter_dir: str | os.PathLike) -> Path:
     best = next(r for r in result.rows if r["spec"] == result.pick)
     data["picks"][_key(result.device, result.batch)] = {
         "spec": [result.pick.num_steps, result.pick.topk, result.pick.num_draft_tokens],
+        "selection": result.pick.selection,
         "tokens_per_s": best["tok/s meas"], "plain_tokens_per_s": result.plain_tokens_per_s,
         "jax": jax.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
@@ -357,7 +379,7 @@ def stored_spec(drafter, batch: int, device: str | None = None) -> SpecConfig | 
     if not path.is_file():
         return None
     pick = json.loads(path.read_text()).get("picks", {}).get(_key(device or device_kind(), batch))
-    return None if pick is None else SpecConfig(*pick["spec"])
+    return None if pick is None else SpecConfig(*pick["spec"], pick.get("selection", "eagle2"))
 
 
 def resolve_spec(drafter, spec, batch: int):

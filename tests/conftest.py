@@ -67,3 +67,15 @@ def _free_compiled_programs():
     import jax
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture(scope="session")
+def rank_table():
+    """A calibration table that trusts rank 0 far more than EAGLE-2's q does and decays with
+    depth and rank (monotone in q): calibrated selection then drafts other trees."""
+    import numpy as np
+    D, R, nb = 8, 8, 20
+    q = (np.arange(nb) + 0.5) / nb
+    rate = (0.5 + 0.5 * q)[None, None] * (0.9 ** np.arange(D))[:, None, None] \
+        * np.where(np.arange(R) == 0, 1.0, 0.2 / (1 + np.arange(R)))[None, :, None]
+    return np.log(rate).astype(np.float32)

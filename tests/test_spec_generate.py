@@ -66,6 +66,21 @@ def test_greedy_identical_to_plain(stories, drafters, kind, mode, size):
         assert sum(st["accept_hist"]) == st["iterations"]
 
 
+@pytest.mark.parametrize("kind,mode", [("eagle3", "default"), ("eagle1", "wide"), ("mtp", "wide")])
+def test_greedy_identical_under_calibrated_selection(stories, drafters, rank_table, kind, mode):
+    """Acceptance-aware selection drafts other trees (tests/test_calibration.py shows they
+    differ); the output must not change."""
+    from jspec.tree.calibration import attach
+    target, cases = stories
+    prompts, limits = batch_for(cases, 4)
+    spec = (MODES[mode] or drafters[kind].default_spec).with_selection("calibrated")
+    drafter = attach(drafters[kind], rank_table)
+    plain = jspec.generate(target, prompts, max_new_tokens=limits, stop_ids=[])
+    res = jspec.generate(target, prompts, max_new_tokens=limits, stop_ids=[], drafter=drafter,
+                         spec=spec)
+    assert res.tokens == plain.tokens
+
+
 def test_greedy_identical_to_plain_per_layer_stack(stories, drafters, monkeypatch):
     """The layout CPU users run by default (the suite scans the stack, see conftest)."""
     from jspec import llama
@@ -199,6 +214,14 @@ class TestBadKnobs:
             jspec.generate(target, [[1, 2]], drafter=drafters["eagle1"], forced_accept=9)
         with pytest.raises(ValueError, match="speculative overshoot"):
             jspec.generate(target, [[1, 2]], drafter=drafters["eagle1"], max_new_tokens=10, max_len=16)
+        with pytest.raises(ValueError, match="unknown selection"):
+            SpecConfig(5, 4, 8, "best")
+        with pytest.raises(ValueError, match="jspec.train calibrate"):
+            jspec.generate(target, [[1, 2]], drafter=drafters["eagle3"],
+                           spec=SpecConfig(5, 4, 8, "calibrated"))
+        with pytest.raises(ValueError, match="fixed tree"):
+            jspec.generate(target, [[1, 2]], drafter=drafters["medusa"],
+                           spec=SpecConfig(3, 2, 4, "calibrated"))
         other = random_drafter("eagle1", target.config.replace(hidden_size=32, head_dim=4))
         with pytest.raises(ValueError, match="hidden size 32"):
             jspec.generate(target, [[1, 2]], drafter=other)

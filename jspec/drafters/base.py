@@ -40,7 +40,9 @@ from jspec.llama import is_packed, out_major_params
 from jspec.shapes import Float
 from jspec.spec_config import SpecConfig
 from jspec.tree.build import DraftTree
-from jspec.tree.select import expand_frontier, pool_offset, pool_parent_index, select_tree
+from jspec.tree.calibration import node_scores
+from jspec.tree.select import (CandidatePool, expand_frontier, pool_offset, pool_parent_index,
+                               select_pool)
 
 
 def kept_rows(x: jax.Array, keep: jax.Array | None) -> jax.Array:
@@ -196,12 +198,20 @@ class RecurrentDrafter:
 
     def propose(self, params, target, state: RecurrentState, root: jax.Array,
                 spec: SpecConfig) -> DraftTree:
-        """The EAGLE-2 loop: S-1 recurrent steps of K frontier paths, then selection."""
+        """The EAGLE-2 loop (:meth:`draft_pool`), then the global selection."""
+        pool = self.draft_pool(params, target, state, spec)
+        tree, _ = select_pool(root, pool, spec.num_draft_tokens, spec.num_steps)
+        return tree
+
+    def draft_pool(self, params, target, state: RecurrentState, spec: SpecConfig) -> CandidatePool:
+        """S-1 recurrent steps of K frontier paths -> the EAGLE-2 candidate pool, scored
+        under ``spec.selection`` (:func:`jspec.tree.calibration.node_scores`)."""
         cfg, tparams = target
-        S, K, N = spec.num_steps, spec.topk, spec.num_draft_tokens
-        B = root.shape[0]
+        S, K = spec.num_steps, spec.topk
+        B = state.logits.shape[0]
         W = max((S - 1) * K, 1)                                  # transient window
-        logp0, tok0 = top_k_logprobs(state.logits, K)
+        logq0, tok0 = top_k_logprobs(state.logits, K)
+        score0 = node_scores(spec.selection, logq0, 0, params)
         base = state.cache.lengths - 1                           # root's draft position
 
         def step(carry, s):
@@ -215,8 +225,8 @@ class RecurrentDrafter:
             out, logits, cache = self.net_apply(
                 params, cfg, tparams, self.to_target_ids(params, f_tok), f_feat, s, pos, cache,
                 mask, None, (s - 1) * K)
-            c_logp, c_tok = top_k_logprobs(logits, K)                       # [B, K, K]
-            scores, keep = expand_frontier(f_scores, c_logp)
+            c_logq, c_tok = top_k_logprobs(logits, K)                       # [B, K, K]
+            scores, keep = expand_frontier(f_scores, node_scores(spec.selection, c_logq, s, params))
             parent_slot = keep // K
             new = (
                 jnp.take_along_axis(scores, keep, 1),
@@ -225,25 +235,23 @@ class RecurrentDrafter:
                 jnp.take_along_axis(out, parent_slot[..., None], 1),
                 jnp.take_along_axis(mask, parent_slot[..., None], 1),
                 (cache.k, cache.v))
-            return new, (c_tok.reshape(B, K * K), scores, pool_parent_index(f_idx, K))
+            return new, (c_tok.reshape(B, K * K), scores, c_logq.reshape(B, K * K),
+                         pool_parent_index(f_idx, K))
 
         f_feat = jnp.broadcast_to(state.feature[:, None], (B, K, state.feature.shape[-1]))
         empty = kvc.WindowedCache.empty(state.cache, W)
         window = (empty.k, empty.v)
-        init = (logp0, jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K)), tok0, f_feat,
+        init = (score0, jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K)), tok0, f_feat,
                 jnp.zeros((B, K, W), bool), window)
-        pool_tok, pool_sc, pool_par = [tok0], [logp0], [jnp.full((B, K), -1, jnp.int32)]
+        parts = [(tok0, score0, logq0, jnp.full((B, K), -1, jnp.int32))]
         if S > 1:
-            carry, (toks, scores, parents) = jax.lax.scan(step, init, jnp.arange(1, S))
+            _, steps = jax.lax.scan(step, init, jnp.arange(1, S))
             # [S-1, B, K*K] -> [B, (S-1) K*K], in pool order.
-            flat = lambda x: jnp.moveaxis(x, 0, 1).reshape(B, -1)
-            pool_tok.append(flat(toks))
-            pool_sc.append(flat(scores))
-            pool_par.append(flat(parents))
+            parts.append(tuple(jnp.moveaxis(x, 0, 1).reshape(B, -1) for x in steps))
         # The transient KV lived in the loop's window only; the page pool was never written.
-        tree, _ = select_tree(root, self.to_target_ids(params, jnp.concatenate(pool_tok, 1)),
-                              jnp.concatenate(pool_sc, 1), jnp.concatenate(pool_par, 1), N, S)
-        return tree
+        tok, score, logq, par = (jnp.concatenate(x, 1) for x in zip(*parts))
+        return CandidatePool(tokens=self.to_target_ids(params, tok), scores=score, logq=logq,
+                             parents=par)
 
 
 Drafter = Any  # a spec object implementing the protocol above

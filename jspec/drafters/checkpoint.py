@@ -75,6 +75,7 @@ from jspec.drafters.eagle3 import Eagle3, default_aux_layers
 from jspec.drafters.medusa import Medusa
 from jspec.drafters.mtp import MTP
 from jspec.drafters.vocab import check_d2t, check_token_map
+from jspec.tree import calibration
 
 DRAFTER_CONFIG_FILE = "jspec_drafter.json"
 FORMAT = "jspec-drafter-orbax"
@@ -488,7 +489,18 @@ def load_drafter(path: str | os.PathLike, target_config, dtype=None, *, kind: st
     ``aux_layers`` overrides EAGLE-3's aux layers, in jspec's input-of-layer convention.
     ``dtype`` defaults to the target's. Raises :class:`DrafterMismatchError` or
     :class:`CheckpointError` (naming the field or tensor) before anything is compiled.
+    A ``jspec_calibration.json`` beside the weights (``python -m jspec.train calibrate``)
+    is attached for ``SpecConfig(selection="calibrated")``.
     """
+    drafter = _load_drafter(path, target_config, dtype, kind=kind, aux_layers=aux_layers)
+    try:
+        table = calibration.load(path)
+    except (calibration.CalibrationError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{Path(path) / calibration.FILENAME}: {e}") from e
+    return drafter if table is None else calibration.attach(drafter, table)
+
+
+def _load_drafter(path, target_config, dtype=None, *, kind=None, aux_layers=None) -> Drafter:
     target = _as_config(target_config)
     d = Path(path)
     if not d.exists():
@@ -571,8 +583,12 @@ def save_drafter(drafter: Drafter, path: str | os.PathLike, overwrite: bool = Fa
         tmp.mkdir()
         (tmp / DRAFTER_CONFIG_FILE).write_text(json.dumps(meta, indent=1))
         ckptr = ocp.PyTreeCheckpointer()
-        ckptr.save(tmp / PARAMS_DIR, jax.tree_util.tree_map(np.asarray, nn.unbox(drafter.params)))
+        params = dict(nn.unbox(drafter.params))
+        table = params.pop(calibration.PARAM_KEY, None)
+        ckptr.save(tmp / PARAMS_DIR, jax.tree_util.tree_map(np.asarray, params))
         ckptr.close()
+        if table is not None:
+            calibration.save(tmp, np.asarray(table), {"saved_with": "save_drafter"})
         move_into_place(tmp, dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""``python -m jspec.train {regen,features,train,eval} ...``: train draft heads for a target.
+"""``python -m jspec.train {regen,features,train,eval,calibrate} ...``: train draft heads for a target.
 
 regen      sample continuations of a prompt set from the target itself
            ``python -m jspec.train regen --target DIR --out seqs.npz [--prompts stories-train|
@@ -19,6 +19,13 @@ eval       acceptance table: end-to-end greedy ``jspec.generate`` on held-out pr
            teacher-forced on held-out sampled sequences (random-weight baselines with --baseline)
            ``python -m jspec.train eval --target DIR --drafter OUT/drafter [--drafter ...]
            --heldout-seqs heldout.npz [--prompts stories-heldout] [--baseline] [--max-seqs 40]``
+calibrate  fit the drafter's acceptance calibration (for ``SpecConfig(selection="calibrated")``)
+           on held-out sequences FIT_RANGE and write DRAFTER/jspec_calibration.json; compare
+           EAGLE-2 and calibrated selection teacher forced on EVAL_RANGE (--ceiling: also
+           the target as its own drafter)
+           ``python -m jspec.train calibrate --target DIR --drafter D --heldout-seqs S
+           [--fit-range 100:160] [--eval-range 0:20] [--stride 2] [--ranks 8] [--ceiling]
+           [--prompts FILE] [--json F]``
 
 Outputs (sequences, features, checkpoints) belong outside the repository.
 """
@@ -132,6 +139,42 @@ def cmd_eval(a):
         Path(a.json).write_text(json.dumps(rows, indent=1))
 
 
+def _range(text: str) -> slice:
+    lo, hi = (int(x) if x else None for x in text.split(":"))
+    return slice(lo, hi)
+
+
+def cmd_calibrate(a):
+    import jspec
+    from jspec.drafters import load_drafter
+    from jspec.train import calibrate as K
+    from jspec.train import regen
+    from jspec.tree import calibration
+    target = jspec.load_target(a.target)
+    drafter = load_drafter(a.drafter, target.config)
+    seqs = regen.load_sequences(a.heldout_seqs)
+    fit_seqs, eval_seqs = seqs[_range(a.fit_range)], seqs[_range(a.eval_range)]
+    if not len(fit_seqs) or not len(eval_seqs):
+        raise SystemExit(f"{a.heldout_seqs} holds {len(seqs)} sequences: --fit-range "
+                         f"{a.fit_range} or --eval-range {a.eval_range} selects none")
+    table, summary = K.calibrate(target, drafter, fit_seqs, stride=a.stride, ranks=a.ranks)
+    summary["fit_range"], summary["heldout_seqs"] = a.fit_range, str(a.heldout_seqs)
+    if not a.no_write:
+        print(f"wrote {calibration.save(a.drafter, table, summary)}")
+    self_table = None
+    if a.ceiling:
+        self_table, self_summary = K.calibrate(target, drafter, fit_seqs, stride=a.stride,
+                                               self_draft=True)
+    rows = K.compare(target, drafter, table, eval_seqs, stride=a.stride, self_table=self_table,
+                     prompts=_prompts(a.prompts) if a.prompts else ())
+    print(K.format_rows(rows))
+    if a.json:
+        doc = {"calibration": summary, "rows": rows}
+        if a.ceiling:
+            doc["self_calibration"] = self_summary
+        Path(a.json).write_text(json.dumps(doc, indent=1))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m jspec.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -191,6 +234,23 @@ def main(argv=None):
     e.add_argument("--baseline", action="store_true")
     e.add_argument("--json", default="")
     e.set_defaults(fn=cmd_eval)
+
+    c = sub.add_parser("calibrate", help="fit acceptance calibration, compare selection policies")
+    c.add_argument("--target", required=True)
+    c.add_argument("--drafter", required=True)
+    c.add_argument("--heldout-seqs", required=True)
+    c.add_argument("--fit-range", default="100:160", help="held-out sequences to fit on (a:b)")
+    c.add_argument("--eval-range", default="0:20", help="held-out sequences to compare on (a:b)")
+    c.add_argument("--stride", type=int, default=2)
+    c.add_argument("--prompts", default="",
+                   help="also compare end to end on these prompts (stories-heldout or a file)")
+    c.add_argument("--ceiling", action="store_true",
+                   help="also the target as its own drafter (K target passes per tree step)")
+    c.add_argument("--ranks", type=int, default=8,
+                   help="sibling ranks calibrated separately (1: per depth only)")
+    c.add_argument("--no-write", action="store_true", help="do not write the table")
+    c.add_argument("--json", default="")
+    c.set_defaults(fn=cmd_calibrate)
 
     a = p.parse_args(argv)
     a.fn(a)

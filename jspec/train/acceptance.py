@@ -107,36 +107,126 @@ class TeacherForced:
         self.greedy = g
         self.max_depth = max_depth
 
-    def _fn(self, module, spec):
-        cfg = self.target.config
-        T = self.tokens.shape[1]
-        ps = self.page_size
-        B = self.chunk
-        slots = T + max(module.cache_slots(spec) if spec is not None else 0, 1) + 1
+    def _pool_fn(self, module, spec):
+        """``(dparams, tparams, feats, nxt, lens, root) -> CandidatePool``: the drafter's own
+        prefill and draft loop; ``module=None``: the target as its own drafter."""
+        if module is None:
+            return self._self_pool_fn(spec)
+        cfg, ps, B = self.target.config, self.page_size, self.chunk
+        slots = self.tokens.shape[1] + max(module.cache_slots(spec), 1) + 1
         pages = -(-slots // ps)
         table = jnp.arange(B * pages, dtype=jnp.int32).reshape(B, pages)
 
-        @jax.jit
-        def run(dparams, tparams, feats, nxt, lens, root, g):
+        def pool(dparams, tparams, feats, nxt, lens, root):
             state = module.init_state(B, table, B * pages, ps)
             state = module.prefill(dparams, (cfg, tparams), state, feats, nxt, lens)
-            tree = module.propose(dparams, (cfg, tparams), state, root, spec)
-            argmax = jnp.take_along_axis(g, jnp.clip(tree.depths, 0, g.shape[1] - 1), axis=1)
-            _, n, _ = greedy_walk(tree, argmax, _depth(module, spec))
-            return n
+            return module.draft_pool(dparams, (cfg, tparams), state, spec)
+        return pool
+
+    def _self_pool_fn(self, spec):
+        """EAGLE-2's loop with the target as the drafter: every frontier path is scored by a
+        full (uncached) target pass over the sequence with the path written after the root.
+        For the acceptance ceiling only; it costs K target passes per tree step."""
+        from jspec import kv_cache as kvc
+        from jspec.drafters.base import top_k_logprobs
+        from jspec.llama import Llama
+        from jspec.tree.calibration import node_scores
+        from jspec.tree.select import CandidatePool, expand_frontier, pool_offset, pool_parent_index
+        cfg, ps, B = self.target.config, self.page_size, self.chunk
+        S, K = spec.num_steps, spec.topk
+        Tt = self.tokens.shape[1] + S
+        model = Llama(cfg)
+        pages = kvc.pages_needed(Tt, ps)
+        table = jnp.arange(B * pages, dtype=jnp.int32).reshape(B, pages)
+
+        def logits_at(tparams, seqs, at):                       # [B, Tt], [B] -> [B, V]
+            cache = kvc.init_cache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, table,
+                                   B * pages, ps, cfg.dtype)
+            pos = jnp.broadcast_to(jnp.arange(Tt, dtype=jnp.int32), (B, Tt))
+            hidden, _, _ = model.apply({"params": tparams}, seqs, pos, cache)
+            h = jnp.take_along_axis(hidden, at[:, None, None], axis=1)
+            return model.apply({"params": tparams}, h, method=Llama.logits)[:, 0].astype(jnp.float32)
+
+        def pool(dparams, tparams, x, lens, root):
+            x = jnp.pad(x, ((0, 0), (0, S)))                    # root = x[L] sits at L = lens
+            logq0, tok0 = top_k_logprobs(logits_at(tparams, x, lens), K)
+            score0 = node_scores(spec.selection, logq0, 0, dparams)
+            f_scores, f_idx = score0, jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K))
+            paths = jnp.zeros((B, K, S), jnp.int32).at[:, :, 0].set(tok0)
+            parts = [(tok0, score0, logq0, jnp.full((B, K), -1, jnp.int32))]
+            j = jnp.arange(Tt)[None] - (lens + 1)[:, None]         # path offset of each position
+            for s in range(1, S):
+                inside = (j >= 0) & (j < s)
+                seqs = jnp.where(inside[:, None], jnp.take_along_axis(
+                    paths, jnp.clip(j, 0, S - 1)[:, None].repeat(K, 1), axis=2), x[:, None])
+                logits = jax.lax.map(lambda q: logits_at(tparams, q, lens + s),
+                                     jnp.moveaxis(seqs, 1, 0))
+                c_logq, c_tok = top_k_logprobs(jnp.moveaxis(logits, 0, 1), K)   # [B, K, K]
+                scores, keep = expand_frontier(f_scores,
+                                               node_scores(spec.selection, c_logq, s, dparams))
+                toks = c_tok.reshape(B, K * K)
+                parts.append((toks, scores, c_logq.reshape(B, K * K), pool_parent_index(f_idx, K)))
+                paths = jnp.take_along_axis(paths, (keep // K)[..., None], axis=1)
+                paths = paths.at[:, :, s].set(jnp.take_along_axis(toks, keep, 1))
+                f_scores = jnp.take_along_axis(scores, keep, 1)
+                f_idx = pool_offset(s, K) + keep
+            tok, score, logq, par = (jnp.concatenate(p, 1) for p in zip(*parts))
+            return CandidatePool(tokens=tok, scores=score, logq=logq, parents=par)
+        return pool
+
+    def _fn(self, module, spec, what: str):
+        """A jitted run over one chunk: ``what="accept"`` -> accept lengths ``[B]``;
+        ``"records"`` -> ``(parent_on_path, hit, logq) [B, M]`` for calibration."""
+        from jspec.tree.select import CandidatePool, select_pool
+        S = _depth(module, spec) if module is not None else spec.num_steps
+        cfg, B = self.target.config, self.chunk
+        if module is not None and not hasattr(module, "draft_pool"):
+            if what != "accept":
+                raise ValueError(f"a {module.kind} drafter has no candidate pool to calibrate")
+            slots = self.tokens.shape[1] + max(module.cache_slots(spec) if spec else 0, 1) + 1
+            pages = -(-slots // self.page_size)
+            table = jnp.arange(B * pages, dtype=jnp.int32).reshape(B, pages)
+
+            def tree_of(dparams, tparams, feats, nxt, lens, root):
+                state = module.init_state(B, table, B * pages, self.page_size)
+                state = module.prefill(dparams, (cfg, tparams), state, feats, nxt, lens)
+                return module.propose(dparams, (cfg, tparams), state, root, spec)
+        else:
+            pool_of = self._pool_fn(module, spec)
+
+            def tree_of(*args):
+                return select_pool(args[-1], pool_of(*args), spec.num_draft_tokens, S)[0]
+
+        @jax.jit
+        def run(g, *args):
+            if what == "accept":
+                tree = tree_of(*args)
+                argmax = jnp.take_along_axis(g, jnp.clip(tree.depths, 0, g.shape[1] - 1), axis=1)
+                return greedy_walk(tree, argmax, S)[1]
+            pool = pool_of(*args)
+            step, _ = CandidatePool.depth_rank(pool.tokens.shape[1], spec.topk)
+            # A node at tree step s (depth s + 1) is accepted iff it is the target's greedy token
+            # after its parent, g[s], and its parent was accepted.
+            match = pool.tokens == jnp.take_along_axis(g, jnp.broadcast_to(step, pool.tokens.shape),
+                                                       axis=1)
+            root_child = pool.parents < 0
+            on = match & root_child
+            par = jnp.clip(pool.parents, 0, None)
+            for _ in range(S - 1):
+                on = match & (root_child | jnp.take_along_axis(on, par, axis=1))
+            parent_on = root_child | jnp.take_along_axis(on, par, axis=1)
+            return parent_on, on, pool.logq
         return run
 
-    def accept(self, drafter: Drafter, spec) -> float:
-        module = drafter.module
-        if _depth(module, spec) > self.max_depth:
-            raise ValueError(f"tree depth {_depth(module, spec)} > max_depth {self.max_depth}")
-        fsrc = self.aux if getattr(module, "feature_source", "final") == "aux" else self.hidden
-        if fsrc is self.aux and tuple(module.aux_layers) != self.aux_layers:
-            raise ValueError(f"drafter reads aux layers {module.aux_layers}, features were "
-                             f"computed for {self.aux_layers}")
-        run = self._fn(module, spec)
+    def _chunks(self, module, dparams):
+        """Per chunk of rows: ``(n, run args after g)``; chunks padded to ``self.chunk``."""
         nxt_all = np.concatenate([self.tokens[:, 1:], np.zeros_like(self.tokens[:, :1])], 1)
-        total, count = 0, 0
+        fsrc = None
+        if module is not None:
+            fsrc = self.aux if getattr(module, "feature_source", "final") == "aux" else self.hidden
+            if fsrc is self.aux and tuple(module.aux_layers) != self.aux_layers:
+                raise ValueError(f"drafter reads aux layers {module.aux_layers}, features were "
+                                 f"computed for {self.aux_layers}")
         for lo in range(0, len(self.rows), self.chunk):
             part = self.rows[lo:lo + self.chunk]
             n = len(part)
@@ -144,12 +234,59 @@ class TeacherForced:
             s, L = idx[:, 0], idx[:, 1]
             g = np.concatenate([self.greedy[lo:lo + n],
                                 np.repeat(self.greedy[lo:lo + 1], self.chunk - n, 0)])
-            acc = run(drafter.params, self.target.params, jnp.asarray(fsrc[s]),
-                      jnp.asarray(nxt_all[s]), jnp.asarray(L), jnp.asarray(self.tokens[s, L]),
-                      jnp.asarray(g))
-            total += int(np.asarray(acc)[:n].sum())
+            root = jnp.asarray(self.tokens[s, L])
+            if module is None:       # the target as its own drafter reads the tokens themselves
+                x = np.where(np.arange(self.tokens.shape[1])[None] <= L[:, None], self.tokens[s], 0)
+                args = (dparams, self.target.params, jnp.asarray(x), jnp.asarray(L), root)
+            else:
+                args = (dparams, self.target.params, jnp.asarray(fsrc[s]), jnp.asarray(nxt_all[s]),
+                        jnp.asarray(L), root)
+            yield n, (jnp.asarray(g),) + args
+
+    def _check_depth(self, module, spec):
+        depth = _depth(module, spec) if module is not None else spec.num_steps
+        if depth > self.max_depth:
+            raise ValueError(f"tree depth {depth} > max_depth {self.max_depth}")
+
+    def accept(self, drafter: Drafter | None, spec, calibration=None) -> float:
+        """Mean accept length of ``drafter`` (None: the target as its own drafter, for the
+        ceiling; ``calibration``: its table when ``spec.selection == "calibrated"``)."""
+        module = None if drafter is None else drafter.module
+        self._check_depth(module, spec)
+        dparams = drafter.params if drafter is not None else _self_params(calibration)
+        run = self._fn(module, spec, "accept")
+        total, count = 0, 0
+        for n, args in self._chunks(module, dparams):
+            total += int(np.asarray(run(*args))[:n].sum())
             count += n
         return total / max(1, count)
+
+    def records(self, drafter: Drafter | None, spec) -> dict:
+        """Calibration records from the EAGLE-2 candidate pools of ``spec`` at every row:
+        for each candidate whose parent is on the target's greedy path, its tree ``step``,
+        sibling ``rank``, drafter probability ``q``, the probability ``q0`` of its rank-0
+        sibling and whether it is the greedy token."""
+        from jspec.tree.select import CandidatePool
+        module = None if drafter is None else drafter.module
+        self._check_depth(module, spec)
+        dparams = drafter.params if drafter is not None else {}
+        run = self._fn(module, spec, "records")
+        step, rank = (np.asarray(x) for x in CandidatePool.depth_rank(spec.pool_size, spec.topk))
+        out = {k: [] for k in ("step", "rank", "q", "q0", "hit")}
+        for n, args in self._chunks(module, dparams):
+            elig, hit, logq = (np.asarray(x)[:n] for x in run(*args))
+            rows, cols = np.nonzero(elig)
+            out["step"].append(step[cols])
+            out["rank"].append(rank[cols])
+            out["q"].append(np.exp(logq[rows, cols]))
+            out["q0"].append(np.exp(logq[rows, cols - rank[cols]]))     # siblings are contiguous
+            out["hit"].append(hit[rows, cols])
+        return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def _self_params(calibration):
+    from jspec.tree.calibration import PARAM_KEY
+    return {} if calibration is None else {PARAM_KEY: jnp.asarray(calibration, jnp.float32)}
 
 
 # ------------------------------------------------------------------ table

@@ -25,8 +25,25 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
+from jspec.shapes import Float, Int
 from jspec.tree.build import build_tree
+
+
+@struct.dataclass
+class CandidatePool:
+    """A draft loop's candidates, in the pool layout above (M = K + (S-1) K^2)."""
+    tokens: Int["B M"]         # target vocabulary ids
+    scores: Float["B M"]       # cumulative path scores under the selection policy
+    logq: Float["B M"]         # the drafter's log-probability of the node given its parent
+    parents: Int["B M"]        # pool index of the parent, -1 for the root's children
+
+    @staticmethod
+    def depth_rank(M: int, K: int):
+        """Static ``(step, sibling rank)`` of every pool index (step 0: the root's children)."""
+        m = jnp.arange(M, dtype=jnp.int32)
+        return jnp.where(m < K, 0, 1 + (m - K) // (K * K)), m % K
 
 
 def expand_frontier(path_scores: jax.Array, child_logp: jax.Array):
@@ -88,6 +105,11 @@ def select_tree(root_token: jax.Array, pool_tokens: jax.Array, pool_scores: jax.
     tokens = jnp.concatenate([root_token[:, None], jnp.take_along_axis(pool_tokens, chosen, axis=1)], 1)
     parents_n = jnp.concatenate([jnp.full((B, 1), -1, jnp.int32), par_node], axis=1)
     return build_tree(tokens, parents_n, max_depth), closed
+
+
+def select_pool(root_token: jax.Array, pool: CandidatePool, num_nodes: int, max_depth: int):
+    """:func:`select_tree` over a :class:`CandidatePool`."""
+    return select_tree(root_token, pool.tokens, pool.scores, pool.parents, num_nodes, max_depth)
 
 
 def eagle2_tree(root_token: jax.Array, step_tokens: jax.Array, step_logp: jax.Array,
