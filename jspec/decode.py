@@ -26,7 +26,7 @@ from jspec.config import LlamaConfig
 from jspec.llama import forward, logits as lm_logits, pack_params
 from jspec.sampling import SamplingConfig, sample
 from jspec.shapes import Bool, Int, Key
-from jspec.sharding import constrain_kv
+from jspec.sharding import constrain_kv, per_data_shard
 
 # Incremented at trace time: tests read it to prove that calls do not recompile.
 TRACE_COUNTS: collections.Counter = collections.Counter()
@@ -110,10 +110,17 @@ class PlainDecoder:
         """``params``: packed (:attr:`jspec.target.Target.serving_params`) or checkpoint
         layout (then packed inside, once per call). ``prompt [B, T]`` right-padded;
         ``page_table [B, max_pages]``; ``stop_ids [B, S]``
-        padded with -1; ``max_new [B]``; ``key`` one PRNG key."""
+        padded with -1; ``max_new [B]``; ``key`` one PRNG key. On a mesh the loop runs per
+        data shard (:func:`jspec.sharding.per_data_shard`): ``num_pages`` is one shard's pool
+        and the page table holds shard-local page ids."""
         TRACE_COUNTS["plain"] += 1
+        params = pack_params(self.config, params)      # a no-op for packed (serving) params
+        row_keys = jax.random.split(key, prompt.shape[0])     # the same keys on any mesh
+        loop = self._loop if self.mesh is None else per_data_shard(self.mesh, self._loop, 1)
+        return loop(params, prompt, prompt_lens, page_table, stop_ids, max_new, row_keys)
+
+    def _loop(self, params, prompt, prompt_lens, page_table, stop_ids, max_new, row_keys):
         c = self.config
-        params = pack_params(c, params)      # a no-op for packed (serving) params
         B = prompt.shape[0]
         cache = kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, page_table,
                                self.num_pages, self.page_size, c.dtype)
@@ -123,7 +130,7 @@ class PlainDecoder:
             cache=cache, tokens=jnp.zeros((B, self.max_new_tokens), jnp.int32),
             num_generated=jnp.zeros((B,), jnp.int32), last_token=jnp.zeros((B,), jnp.int32),
             done=max_new <= 0, stop_reason=jnp.where(max_new <= 0, MAX_NEW_TOKENS, RUNNING),
-            row_keys=jax.random.split(key, B), step=jnp.zeros((), jnp.int32))
+            row_keys=row_keys, step=jnp.zeros((), jnp.int32))
         state = emit(state, sample(logits, row_step_keys(state), self.sampling), stop_ids, max_new)
 
         def cond(s):

@@ -90,7 +90,12 @@ def _first_call(label: str, fn: Callable[[], object]):
 
 
 def _kwargs(drafters, cand: Candidate | None) -> dict:
-    return {} if cand is None else {"drafter": drafters[cand.kind], "spec": cand.spec_config()}
+    if cand is None:
+        return {}
+    d, spec = drafters[cand.kind], cand.spec_config()
+    if spec is not None and d.default_spec is not None:     # the drafter's node selection
+        spec = spec.with_selection(d.default_spec.selection)
+    return {"drafter": d, "spec": spec}
 
 
 def _label(cand: Candidate | None) -> str:

@@ -88,11 +88,14 @@ def _stop_ids(target: Target, stop_ids, B: int) -> np.ndarray:
     return out
 
 
-def _admit(lens, limits, overshoot, prompt_bucket, max_len, page_size, num_pages):
+def _admit(lens, limits, overshoot, prompt_bucket, max_len, page_size, num_pages, shards=1):
     """Static shapes and pages for a batch: ``(T, cap_new, num_pages, page_table)``.
 
     A row needs its prompt, its new tokens and the speculative overshoot (the prefill
     writes only real prompt positions; padding is masked). Refuses what does not fit.
+    ``shards`` > 1 (a mesh's data axis): rows split into that many contiguous groups, each
+    with a pool of its own; ``num_pages`` (given: the total) is then one shard's pool and
+    the table holds page ids local to each row's shard.
     """
     B = len(lens)
     cap_new = max(1, int(limits.max()))
@@ -108,8 +111,19 @@ def _admit(lens, limits, overshoot, prompt_bucket, max_len, page_size, num_pages
     max_pages = kvc.pages_needed(max_len, page_size)
     if num_pages is None:
         num_pages = B * max_pages
+    local = num_pages // shards
     need = [int(lens[r] + limits[r] + overshoot) for r in range(B)]
-    return T, cap_new, num_pages, kvc.allocate_page_table(need, page_size, num_pages, max_pages)
+    rows = B // shards
+    tables = []
+    for sh in range(shards):
+        try:
+            tables.append(kvc.allocate_page_table(need[sh * rows:(sh + 1) * rows], page_size,
+                                                  local, max_pages))
+        except kvc.KVCacheExhaustedError as e:
+            where = f" (data shard {sh}: rows {sh * rows}..{(sh + 1) * rows - 1}, {local} pages)" \
+                if shards > 1 else ""
+            raise kvc.KVCacheExhaustedError(f"{e}{where}") from None
+    return T, cap_new, local, np.concatenate(tables)
 
 
 def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
@@ -167,8 +181,14 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
         # A verify writes N slots past the committed length; a row may commit up to S
         # tokens past its limit before it stops; the drafter's loop needs its own slots.
         overshoot = max(N, drafter.module.cache_slots(spec)) + S + 1
+    shards = 1
+    if mesh is not None:
+        shards = mesh.shape["data"]
+        if B % shards:
+            raise ValueError(f"batch of {B} rows does not split over the mesh's "
+                             f"data axis of size {shards}")
     T, cap_new, num_pages, page_table = _admit(lens, limits, overshoot, prompt_bucket, max_len,
-                                               page_size, num_pages)
+                                               page_size, num_pages, shards)
     kernels = resolve_kernels(kernels, target.config, page_size=page_size,
                               num_nodes=1 if drafter is None else N,
                               max_depth=None if drafter is None else S,
@@ -182,9 +202,6 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
 
     rows = [prompt, lens, page_table, _stop_ids(target, stop_ids, B), limits]
     if mesh is not None:
-        if B % mesh.shape["data"]:
-            raise ValueError(f"batch of {B} rows does not split over the mesh's "
-                             f"data axis of size {mesh.shape['data']}")
         rows = [jax.device_put(x, batch_sharding(mesh, x.ndim)) for x in rows]
     else:
         rows = [jnp.asarray(x) for x in rows]

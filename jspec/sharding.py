@@ -6,9 +6,13 @@ axis names (see :mod:`jspec.llama`); :data:`LOGICAL_RULES` maps them onto the me
 and XLA's SPMD partitioner inserts the collectives. A logical axis whose size the
 mesh axis does not divide is replicated instead, so any mesh gives correct results.
 
-The KV page pool is sharded over KV heads and replicated over ``data``: every data
-shard can address every page. That keeps page tables global and simple; a per-shard
-pool is the next step for pods, where the pool dominates memory.
+Rows are independent, so the decode loops run **once per data shard**
+(:func:`per_data_shard`: a ``shard_map`` that is manual over ``data`` and leaves ``model`` to
+the partitioner). Each shard owns its rows and a KV page pool of its own: pages are sharded
+over ``data`` as well as KV heads, a row's page table holds ids local to its shard's pool,
+and pages are allocated per shard (:func:`jspec.generate._admit`). Per-device KV memory is
+the whole pool / (data x model) where the KV heads divide ``model``; nothing about a row
+crosses the ``data`` axis, and each shard's loop stops when its own rows are done.
 """
 
 from __future__ import annotations
@@ -98,9 +102,11 @@ def shard_target(target: Target, mesh: Mesh) -> Target:
     return dataclasses.replace(target, params=params)
 
 
-def kv_pages_spec(cfg, mesh: Mesh) -> P:
-    """``[L, KVH, P, page_size, D]``: KV heads over ``model`` when they divide evenly."""
-    return P(None, "model" if cfg.num_kv_heads % mesh.shape["model"] == 0 else None)
+def kv_pages_spec(cfg, mesh: Mesh, *, inside: bool = False) -> P:
+    """``[L, KVH, P, page_size, D]``: KV heads over ``model`` when they divide evenly, pages
+    over ``data`` (``inside`` a :func:`per_data_shard` region ``data`` is manual: omitted)."""
+    heads = "model" if cfg.num_kv_heads % mesh.shape["model"] == 0 else None
+    return P(None, heads) if inside else P(None, heads, "data")
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
@@ -108,9 +114,46 @@ def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
 
 
 def constrain_kv(cache, cfg, mesh: Mesh | None):
-    """Pin a KV cache's page pools to the mesh (KV heads over ``model``) inside jit."""
+    """Pin a KV cache's page pools to the mesh (KV heads over ``model``) inside jit; inside a
+    :func:`per_data_shard` region the pool is the shard's own."""
     if mesh is None:
         return cache
-    s = NamedSharding(mesh, kv_pages_spec(cfg, mesh))
+    inside = "data" in getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ())
+    spec = kv_pages_spec(cfg, mesh, inside=inside)
+    s = spec if inside else NamedSharding(mesh, spec)
     return cache.replace(k_pages=jax.lax.with_sharding_constraint(cache.k_pages, s),
                          v_pages=jax.lax.with_sharding_constraint(cache.v_pages, s))
+
+
+POOL_FIELDS = ("k_pages", "v_pages")
+
+
+def per_data_shard(mesh: Mesh, fn, num_replicated: int):
+    """``fn(*replicated, *rows)`` run once per ``data`` shard of ``mesh`` (inside jit).
+
+    The first ``num_replicated`` arguments (parameters) are the same on every data shard
+    (their ``model`` sharding is kept); the rest are per-row arrays split over ``data`` on
+    their first axis. In the outputs, leaves with the shard's row count first are rows
+    (joined over ``data``), KV page pools (fields :data:`POOL_FIELDS`) are joined over their
+    page axis, and anything else (a step counter) is taken from one shard.
+    """
+    d = mesh.shape["data"]
+
+    def run(*args):
+        rep, rows = args[:num_replicated], args[num_replicated:]
+        n = jax.tree.leaves(rows)[0].shape[0]
+        if n % d:
+            raise ValueError(f"{n} rows do not split over the mesh's data axis of size {d}")
+        local = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // d,) + x.shape[1:],
+                                                            x.dtype), rows)
+        shapes = jax.eval_shape(fn, *rep, *local)
+
+        def out_spec(path, leaf):
+            if getattr(path[-1], "name", None) in POOL_FIELDS:
+                return P(None, None, "data")
+            return P("data") if leaf.ndim and leaf.shape[0] == n // d else P()
+        specs = jax.tree_util.tree_map_with_path(out_spec, shapes)
+        in_specs = (P(),) * num_replicated + (P("data"),) * len(rows)
+        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=specs,
+                             axis_names={"data"}, check_vma=False)(*args)
+    return run

@@ -30,7 +30,7 @@ from jspec.config import LlamaConfig
 from jspec.decode import MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, emit_block
 from jspec.llama import forward, logits as lm_logits, pack_params
 from jspec.sampling import SamplingConfig, sample, target_probs
-from jspec.sharding import constrain_kv
+from jspec.sharding import constrain_kv, per_data_shard
 from jspec.shapes import Bool, Int, Key
 from jspec.spec_config import SpecConfig
 from jspec.verify import commit_accepted, emitted_tokens, greedy_walk, tree_sample_walk
@@ -106,7 +106,8 @@ class SpecDecoder:
                                      aux_layers=self.aux_layers)
         last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
         logits = lm_logits(c, params, last)
-        row_keys = jax.random.split(key, B)
+        # One key (split per row here) or the rows' keys (split before a data-sharded loop).
+        row_keys = key if key.shape else jax.random.split(key, B)
         first = sample(logits, jax.vmap(jax.random.fold_in)(row_keys, jnp.zeros(B, jnp.int32)),
                        self.sampling)
         # Pairs (feature at i, token i+1): the prompt shifted by one, then the first token.
@@ -224,8 +225,15 @@ class SpecDecoder:
             key) -> SpecState:
         TRACE_COUNTS["spec"] += 1
         params = pack_params(self.config, params)   # a no-op for packed (serving) params
+        row_keys = jax.random.split(key, prompt.shape[0])     # the same keys on any mesh
+        loop = self._loop if self.mesh is None else per_data_shard(self.mesh, self._loop, 2)
+        return loop(params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids,
+                    max_new, row_keys)
+
+    def _loop(self, params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids,
+              max_new, row_keys) -> SpecState:
         s = self.initial_state(params, dparams, prompt, prompt_lens, page_table, draft_table,
-                               stop_ids, max_new, key)
+                               stop_ids, max_new, row_keys)
         return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
                                   lambda s: self.iterate(params, dparams, s, stop_ids, max_new), s)
 

@@ -88,7 +88,7 @@ def test_stored_beside_the_drafter_checkpoint(tiny, rank_table, tmp_path):
     save_drafter(C.attach(d, rank_table), tmp_path / "d")
     assert (tmp_path / "d" / C.FILENAME).is_file()
     back = load_drafter(tmp_path / "d", tiny.config)
-    np.testing.assert_allclose(np.asarray(back.params[C.PARAM_KEY]), rank_table, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(back.params[C.PARAM_KEY]), rank_table, atol=1e-4)  # stored to 4 places
     save_drafter(d, tmp_path / "plain")
     assert C.PARAM_KEY not in load_drafter(tmp_path / "plain", tiny.config).params
     (tmp_path / "plain" / C.FILENAME).write_text('{"shape": [1, 1, 2], "log_rate": [[[0.5, 0.1]]]}')

@@ -1,4 +1,4 @@
-"""``python -m jspec.bench {plain,forward,spec,anatomy} ...`` (see :mod:`jspec.bench`)."""
+"""``python -m jspec.bench {plain,forward,spec,anatomy,plan} ...`` (see :mod:`jspec.bench`)."""
 
 from __future__ import annotations
 
@@ -60,6 +60,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="part B: its draft vocabulary (0: the target's)")
     s.add_argument("--sim-spec", nargs="+", default=["5,4,8", "4,1,5"], metavar="S,K,N",
                    help="part B: tree knobs to simulate")
+    s = sub.add_parser("plan", help="per-device memory and the collectives of one iteration of "
+                                    "sharded speculative decoding, compiled on simulated CPU "
+                                    "devices from abstract weights (nothing allocated)")
+    s.add_argument("--config", default="llama3-8b", help="a named random config (llama3-8b, "
+                   "llama3-70b, 100m, ...)")
+    s.add_argument("--drafter", default="eagle3", help="eagle1, eagle3, mtp")
+    s.add_argument("--mesh", default="2x4", help="DATAxMODEL")
+    s.add_argument("--spec", metavar="S,K,N", default=None)
+    s.add_argument("--draft-vocab", type=int, default=None)
+    s.add_argument("--batch", type=int, default=8)
+    s.add_argument("--context", type=int, default=2048)
+    s.add_argument("--max-new", type=int, default=128)
+    s.add_argument("--page-size", type=int, default=16)
+    s.add_argument("--dtype", default=None)
+    s.add_argument("--trace-for", default="tpu", choices=["tpu", "gpu", "cpu"],
+                   help="the platform whose code paths are traced (compiled for CPU devices)")
+    s.add_argument("--json", metavar="OUT")
     s = sub.add_parser("anatomy", help="compiled plain step and speculative phases: kernels, "
                                        "bytes, flops, memory, compile time (nothing timed)")
     s.add_argument("--random-config", metavar="NAME", default="tiny",
@@ -121,6 +138,9 @@ def main(argv=None):
             args.random_config = "100m" if args.simulate else "tiny"
         from jspec.bench import spec
         return spec.main(args)
+    if args.bench == "plan":
+        from jspec.bench import plan
+        return plan.main(args)
     if args.bench == "anatomy":
         from jspec.bench import anatomy
         return anatomy.main(args)

@@ -452,13 +452,15 @@ class Setup:
     temperature: float = 0.0
     kernels: str = "reference"
 
-    def inputs(self, overshoot: int):
+    def inputs(self, overshoot: int, shards: int = 1):
         """Abstract (prompt, lens, page_table, stop_ids, limits, key) as generate() would
-        admit ``batch`` prompts of ``context`` tokens."""
+        admit ``batch`` prompts of ``context`` tokens (over ``shards`` data shards: then
+        ``num_pages`` is one shard's pool)."""
         B = self.batch
         lens = np.full((B,), self.context, np.int32)
         limits = np.full((B,), self.max_new, np.int32)
-        T, cap_new, num_pages, table = _admit(lens, limits, overshoot, 16, None, self.page_size, None)
+        T, cap_new, num_pages, table = _admit(lens, limits, overshoot, 16, None, self.page_size,
+                                              None, shards)
         sds = jax.ShapeDtypeStruct
         i32 = jnp.int32
         key = jax.eval_shape(lambda: jax.random.key(0))

@@ -29,11 +29,17 @@ RANDOM_CONFIGS: dict[str, LlamaConfig] = {
                              rope=LLAMA3_ROPE, tie_word_embeddings=False,
                              max_position_embeddings=131072, bos_token_id=128000,
                              eos_token_ids=(128001, 128009)),
+    # Llama-3-70B's shapes (80 layers, GQA 64/8). Shape-only: `python -m jspec.bench plan`.
+    "llama3-70b": LlamaConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672,
+                              num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128,
+                              rope=LLAMA3_ROPE, tie_word_embeddings=False,
+                              max_position_embeddings=131072, bos_token_id=128000,
+                              eos_token_ids=(128001, 128009)),
 }
 
 # The dtype a config is usually run in. random_config() still defaults to float32 for every
 # config; tools that default to the natural dtype (the anatomy bench) read this.
-NATURAL_DTYPES: dict[str, str] = {"llama3-8b": "bfloat16"}
+NATURAL_DTYPES: dict[str, str] = {"llama3-8b": "bfloat16", "llama3-70b": "bfloat16"}
 
 
 def natural_dtype(name: str) -> str:

@@ -162,7 +162,7 @@ def log_loss(table: np.ndarray, depth, rank, q, hit) -> tuple[float, float]:
 
 # ------------------------------------------------------------------ storage
 def save(drafter_dir, table: np.ndarray, meta: dict | None = None) -> Path:
-    """Write ``drafter_dir/jspec_calibration.json`` atomically."""
+    """Write ``drafter_dir/jspec_calibration.json`` atomically (log-rates to 4 decimals)."""
     path = Path(drafter_dir) / FILENAME
     doc = {"format": "jspec-calibration", "version": 1, "shape": list(table.shape),
            "log_rate": np.asarray(table, np.float64).round(4).tolist(), "meta": meta or {}}

@@ -1,0 +1,286 @@
+"""``python -m jspec.bench plan``: the memory and collective plan of sharded speculative decoding,
+without the hardware.
+
+The whole speculative program (prefill and the generate loop, exactly what
+``jspec.generate(..., mesh=...)`` compiles) is lowered and compiled for a ``DATA x MODEL`` mesh
+of simulated CPU devices from **abstract** weights, drafter parameters and inputs
+(``jax.ShapeDtypeStruct`` with their shardings: nothing is allocated, so Llama-3-70B plans on
+a laptop). It prints:
+
+- per-device bytes, two ways: from the shardings (parameters, the drafter's parameters, the
+  target's and the drafter's KV pools, each leaf's shard shape) and from XLA's memory
+  analysis of the compiled program (arguments, outputs, temporaries; the KV pools are made
+  inside the program, so they count as temporaries there);
+- every collective inside one iteration of the generate loop (the decode ``while`` loop's
+  body, nested loops counted by their trip counts): op, result shape, bytes per device,
+  group size, how many run per iteration, and where it comes from (the op's source line).
+
+The command re-runs itself in a child process with ``JAX_PLATFORMS=cpu`` and
+``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (N = DATA x MODEL), so it never starts
+an accelerator backend and always has the devices the mesh needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jspec.bench import common, configs
+from jspec.bench.anatomy import (Setup, _called, _loop_trips, _shape_key, abstract_drafter,
+                                 abstract_target_params, parse_hlo, parse_spec)
+from jspec.platform import building_for
+from jspec.sampling import SamplingConfig
+from jspec.spec_decode import SpecDecoder, tree_shape
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+               "all-reduce-start", "all-gather-start", "collective-permute-start")
+_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1,
+          "s64": 8, "u64": 8, "f64": 8, "u16": 2, "s16": 2}
+_REEXEC = "JSPEC_PLAN_CHILD"
+
+
+def parse_mesh(text: str) -> tuple[int, int]:
+    try:
+        data, model = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--mesh wants DATAxMODEL (e.g. 2x4), got {text!r}") from None
+    return data, model
+
+
+def _shard_bytes(shape_dtype, sharding) -> int:
+    shard = sharding.shard_shape(shape_dtype.shape)
+    return int(np.prod(shard, dtype=np.int64)) * np.dtype(shape_dtype.dtype).itemsize
+
+
+def _with_shardings(tree, shardings):
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        tree, shardings)
+
+
+# ------------------------------------------------------------------ collectives
+def _array_bytes(shape: str) -> int:
+    """Bytes of an HLO result shape (arrays and tuples of arrays)."""
+    total = 0
+    for m in re.finditer(r"([a-z]+\d*)\[([\d,]*)\]", shape):
+        dims = [int(d) for d in m.group(2).split(",") if d]
+        total += _BYTES.get(m.group(1), 4) * int(np.prod(dims, dtype=np.int64))
+    return total
+
+
+def _group_size(attrs: str, devices: int) -> int | None:
+    """Devices per replica group: explicit ``{{0,1},{2,3}}``, iota ``[groups,size]<=[...]``,
+    or ``{}`` (one group of every device); None for a collective-permute's pairs."""
+    m = re.search(r"replica_groups=\{\{([\d,]+)\}", attrs)
+    if m:
+        return len(m.group(1).split(","))
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]", attrs)
+    if m:
+        return int(m.group(2))
+    return devices if "replica_groups={}" in attrs else None
+
+
+def _source(attrs: str) -> str:
+    """Where the op comes from: its ``op_name`` inside the loop body (jax's named scopes
+    ``draft``, ``verify``, ``walk``, ``commit``, ``extend`` and the primitive)."""
+    m = re.search(r'op_name="([^"]+)"', attrs)
+    if not m:
+        return "-"
+    name = re.sub(r"^jit\([^)]*\)/", "", m.group(1))
+    return re.sub(r"^(while/body/)+", "", name).replace("closed_call/", "")[:70]
+
+
+def loop_collectives(text: str, devices: int = 0) -> list[dict]:
+    """Collectives of one iteration of the outermost ``while`` loop of the ENTRY computation
+    (the generate loop; the prefill runs before it), with multiplicity from nested loops'
+    trip counts. Identical (op, shape, group, source) rows are merged."""
+    comps, entry = parse_hlo(text)
+    loops = [i for i in comps[entry] if i.opcode == "while"]
+    if not loops:
+        return []
+    # The generate loop is the ENTRY while with the biggest body.
+    body = max((_called(i.attrs, ("body",))[0] for i in loops), key=lambda c: len(comps.get(c, [])))
+    rows: Counter = Counter()
+
+    def visit(name: str, mult: int, seen: tuple):
+        if name in seen:
+            return
+        for i in comps.get(name, []):
+            if i.opcode in COLLECTIVES:
+                key = (i.opcode.removesuffix("-start"), i.shape.split("{")[0][:80],
+                       _array_bytes(i.shape), _group_size(i.attrs, devices), _source(i.attrs))
+                rows[key] += mult
+            if i.opcode == "while":
+                trips = _loop_trips(i.attrs, comps) or 1
+                for c in _called(i.attrs, ("body",)):
+                    visit(c, mult * trips, seen + (name,))
+            elif i.opcode in ("conditional", "call"):
+                for c in _called(i.attrs, ("true_computation", "false_computation",
+                                           "branch_computations", "to_apply")):
+                    visit(c, mult, seen + (name,))
+            elif i.opcode == "fusion" or i.opcode.endswith("-start"):
+                for c in _called(i.attrs, ("calls",)):
+                    visit(c, mult, seen + (name,))
+    visit(body, 1, ())
+    out = [{"op": op, "shape": shape, "bytes": b, "group": g, "per_iter": n, "source": src}
+           for (op, shape, b, g, src), n in rows.items()]
+    return sorted(out, key=lambda r: -r["bytes"] * r["per_iter"])
+
+
+# ------------------------------------------------------------------ the plan
+@dataclasses.dataclass
+class Plan:
+    info: dict
+    memory: list[dict]
+    xla: dict
+    collectives: list[dict]
+
+    def render(self) -> str:
+        i = self.info
+        lines = [" ".join(f"{k}={v}" for k, v in i.items()), "",
+                 "per-device bytes, from the shardings:",
+                 common.format_table(self.memory, ["what", "shape", "dtype", "spec", "MB/device",
+                                                   "MB total"]),
+                 "", "XLA memory analysis (per device): " +
+                 ", ".join(f"{k} {v:.1f} MB" for k, v in self.xla.items()), "",
+                 f"collectives in one iteration of the generate loop ({len(self.collectives)} "
+                 f"kinds, {sum(c['per_iter'] for c in self.collectives)} ops, "
+                 f"{sum(c['bytes'] * c['per_iter'] for c in self.collectives) / 2**20:.2f} MB "
+                 "per device):"]
+        rows = [{**c, "KB": c["bytes"] / 1024} for c in self.collectives]
+        lines.append(common.format_table(rows, ["op", "shape", "KB", "group", "per_iter",
+                                                "source"]))
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def plan(cfg, kind: str | None, mesh, *, spec=None, batch: int = 8, context: int = 2048,
+         max_new: int = 128, page_size: int = 16, draft_vocab: int | None = None,
+         platform: str = "tpu", log=None) -> Plan:
+    """Compile the speculative program on ``mesh`` from abstract inputs; see module doc.
+    ``platform``: the platform the program is *traced* for (:func:`jspec.platform.building_for`:
+    the code paths a TPU or GPU run takes, e.g. no CPU-only live-length buckets); it is
+    compiled for the simulated CPU devices either way."""
+    with building_for(platform):
+        return _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab,
+                     platform, log)
+
+
+def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab, platform,
+          log) -> Plan:
+    from jspec.sharding import batch_sharding, kv_pages_spec, packed_param_shardings
+
+    data, model = mesh.shape["data"], mesh.shape["model"]
+    if batch % data:
+        raise ValueError(f"batch {batch} does not split over data={data}")
+    setup = Setup(cfg, batch, context, max_new, page_size)
+    params = abstract_target_params(cfg, stacked=True)
+    pshard = packed_param_shardings(mesh, params)
+    params = _with_shardings(params, pshard)
+    repl = NamedSharding(mesh, P())
+    memory = []
+
+    def add(what, tree, shardings):
+        leaves = jax.tree.leaves(tree)
+        shards = jax.tree.leaves(shardings) if not isinstance(shardings, NamedSharding) \
+            else [shardings] * len(leaves)
+        per = sum(_shard_bytes(a, s) for a, s in zip(leaves, shards))
+        total = sum(int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize
+                    for a in leaves)
+        specs = {str(x.spec) for x in shards}
+        spec = specs.pop() if len(specs) == 1 else "logical rules"
+        shapes = {tuple(x.shape) for x in leaves}
+        memory.append({"what": what, "shape": list(shapes.pop()) if len(shapes) == 1 else "-",
+                       "dtype": np.dtype(leaves[0].dtype).name, "spec": str(spec),
+                       "MB/device": per / 2**20, "MB total": total / 2**20})
+
+    add("target params", params, pshard)
+    info = {"config": cfg.num_layers, "mesh": f"{data}x{model}", "batch": batch,
+            "context": context, "max_new": max_new, "dtype": cfg.dtype, "traced_for": platform}
+    info["config"] = f"{cfg.num_layers}L h{cfg.hidden_size} V{cfg.vocab_size}"
+    if kind is None:
+        raise ValueError("plan compiles the speculative program: pass a drafter kind")
+    kw = {"vocab_size": draft_vocab} if draft_vocab else {}
+    drafter = abstract_drafter(kind, cfg, **kw)
+    spec = spec if spec is not None else drafter.default_spec
+    S, N = tree_shape(drafter.module, spec)
+    overshoot = max(N, drafter.module.cache_slots(spec)) + S + 1
+    a = setup.inputs(overshoot, shards=data)
+    dparams = _with_shardings(drafter.params, jax.tree.map(lambda _: repl, drafter.params))
+    add(f"{kind} params", dparams, repl)
+    dec = SpecDecoder(cfg, drafter.module, spec, SamplingConfig(0.0), a["cap_new"], page_size,
+                      a["num_pages"], 0.0, mesh, "reference")
+    rows = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding(mesh, len(x.shape)))
+    args = (params, dparams, rows(a["prompt"]), rows(a["lens"]), rows(a["table"]),
+            rows(a["table"]), rows(a["stop"]), rows(a["limits"]),
+            jax.ShapeDtypeStruct(a["key"].shape, a["key"].dtype, sharding=repl))
+    # The pools as one data shard's loop makes them (shapes from the decoder itself), and as
+    # the program holds them: pages over data, KV heads over model where they divide.
+    local = lambda x: jax.ShapeDtypeStruct((x.shape[0] // data,) + x.shape[1:], x.dtype)
+    state = jax.eval_shape(lambda *x: dec.initial_state(*x), params, dparams,
+                           *(local(a[k]) for k in ("prompt", "lens", "table", "table", "stop",
+                                                   "limits")), a["key"])
+    heads_spec = kv_pages_spec(cfg, mesh)
+    for name, cache, spec_ in (("target KV (k+v)", state.cache, heads_spec),
+                               (f"{kind} KV (k+v)", getattr(state.draft, "cache", None),
+                                P(None, None, "data"))):
+        if cache is None:
+            continue
+        whole = lambda x: jax.ShapeDtypeStruct(x.shape[:2] + (x.shape[2] * data,) + x.shape[3:],
+                                               x.dtype)
+        sh = NamedSharding(mesh, spec_)
+        add(name, {"k": whole(cache.k_pages), "v": whole(cache.v_pages)}, {"k": sh, "v": sh})
+    info.update(drafter=kind, spec=None if spec is None else
+                f"{spec.num_steps},{spec.topk},{spec.num_draft_tokens}",
+                pages=a["num_pages"], page_size=page_size)
+    t0 = time.perf_counter()
+    if log:
+        log(f"lowering and compiling for a {data}x{model} mesh ...")
+    compiled = SpecDecoder.run.lower(dec, *args).compile()
+    info["compile_s"] = round(time.perf_counter() - t0, 1)
+    m = compiled.memory_analysis()
+    xla = {k: getattr(m, f"{k}_size_in_bytes", 0) / 2**20
+           for k in ("argument", "output", "temp", "alias", "generated_code")} if m else {}
+    return Plan(info, memory, xla, loop_collectives(compiled.as_text(), data * model))
+
+
+# ------------------------------------------------------------------ CLI
+def _reexec(n: int) -> int:
+    env = dict(os.environ)
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
+    env.update(XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={n}".strip(),
+               JAX_PLATFORMS="cpu", **{_REEXEC: "1"})
+    return subprocess.call([sys.executable, "-m", "jspec.bench", *sys.argv[1:]], env=env)
+
+
+def main(args) -> dict | None:
+    data, model = parse_mesh(args.mesh)
+    if not os.environ.get(_REEXEC):       # never start an accelerator backend for a plan
+        sys.exit(_reexec(data * model))
+    if len(jax.devices()) < data * model:
+        raise SystemExit(f"mesh {data}x{model} needs {data * model} devices; have "
+                         f"{len(jax.devices())}")
+    from jspec.sharding import make_mesh
+    name = args.config
+    cfg = configs.random_config(name, args.dtype or configs.natural_dtype(name))
+    mesh = make_mesh(data, model)
+    p = plan(cfg, args.drafter, mesh, spec=parse_spec(args.spec), batch=args.batch,
+             context=args.context, max_new=args.max_new, page_size=args.page_size,
+             draft_vocab=args.draft_vocab, platform=args.trace_for,
+             log=lambda s: print(s, flush=True))
+    print(f"# plan: {name}, {args.drafter}, mesh {args.mesh}")
+    print(p.render())
+    if args.json:
+        common.write_json(args.json, p.as_dict())
+    return p.as_dict()
