@@ -57,6 +57,16 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
                     help="the tree `python -m jspec tune` stored beside the drafter for this "
                          "device and batch")
     sp.add_argument("--profile", action="store_true", help="report draft/verify/other time shares")
+    mh = p.add_argument_group("sharding and multi-host (every process runs the same command)")
+    mh.add_argument("--mesh", metavar="DATAxMODEL", help="a device mesh over all processes' "
+                    "devices: rows over DATA, tensor parallelism over MODEL")
+    mh.add_argument("--distributed", action="store_true",
+                    help="join a multi-host run, coordinator auto-detected (TPU pods, Slurm)")
+    mh.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
+    mh.add_argument("--num-processes", type=int)
+    mh.add_argument("--process-id", type=int)
+    mh.add_argument("--output", metavar="FILE", help="write every row's tokens as JSON (in a "
+                    "multi-host run, process 0 writes all processes' rows)")
 
 
 def load_drafter_arg(spec: str, target):
@@ -91,10 +101,30 @@ def spec_from_args(args, drafter):
 
 
 def run_generate(args) -> int:
-    import jspec
+    from jspec import distributed
 
+    multi = args.distributed or args.coordinator is not None
+    if multi:     # before anything starts a backend
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    import jax
+
+    import jspec
     target = jspec.load_target(args.model, dtype=args.dtype, tokenizer=args.tokenizer)
     prompts = args.prompt if args.prompt is not None else args.prompt_ids
+    mesh = None
+    if args.mesh:
+        from jspec import sharding
+        data, model = (int(x) for x in args.mesh.lower().split("x"))
+        mesh = sharding.make_mesh(data, model)
+        target = sharding.shard_target(target, mesh)
+    if multi and jax.process_count() > 1:
+        if mesh is None:
+            raise ValueError("a multi-host run needs --mesh DATAxMODEL over all processes' devices")
+        n, p = len(prompts), jax.process_count()
+        if n % p:
+            raise ValueError(f"{n} prompts do not split over {p} processes")
+        i = jax.process_index()
+        prompts = prompts[i * n // p:(i + 1) * n // p]          # this process's rows
     drafter = spec = None
     if args.drafter:
         drafter = load_drafter_arg(args.drafter, target)
@@ -102,7 +132,12 @@ def run_generate(args) -> int:
     res = jspec.generate(target, prompts, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                          seed=args.seed, stop_ids=args.stop_ids, drafter=drafter, spec=spec,
-                         profile=args.profile, kernels=args.kernels)
+                         profile=args.profile, kernels=args.kernels, mesh=mesh)
+    if args.output:
+        if multi:
+            distributed.write_combined(args.output, res)
+        else:
+            Path(args.output).write_text(json.dumps({"processes": 1, "tokens": res.tokens}))
     if args.json:
         out = {"tokens": res.tokens, "text": res.text,
                "stats": {"rows": res.stats, **res.summary(), "profile": res.profile}}

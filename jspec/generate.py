@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec import distributed as dist
 from jspec import kv_cache as kvc
 from jspec.decode import STOP_REASONS, PlainDecoder
 from jspec.kernels import check_mode as check_kernels, resolve as resolve_kernels
@@ -88,18 +89,21 @@ def _stop_ids(target: Target, stop_ids, B: int) -> np.ndarray:
     return out
 
 
-def _admit(lens, limits, overshoot, prompt_bucket, max_len, page_size, num_pages, shards=1):
+def _admit(lens, limits, overshoot, prompt_bucket, max_len, page_size, num_pages, shards=1,
+           agreed=None):
     """Static shapes and pages for a batch: ``(T, cap_new, num_pages, page_table)``.
 
     A row needs its prompt, its new tokens and the speculative overshoot (the prefill
     writes only real prompt positions; padding is masked). Refuses what does not fit.
     ``shards`` > 1 (a mesh's data axis): rows split into that many contiguous groups, each
     with a pool of its own; ``num_pages`` (given: the total) is then one shard's pool and
-    the table holds page ids local to each row's shard.
+    the table holds page ids local to each row's shard. ``agreed``: (longest prompt, most new
+    tokens) over every process of a multi-host run, so all compile the same shapes.
     """
     B = len(lens)
-    cap_new = max(1, int(limits.max()))
-    T = int(math.ceil(lens.max() / prompt_bucket) * prompt_bucket)
+    top_len, top_new = agreed if agreed is not None else (int(lens.max()), int(limits.max()))
+    cap_new = max(1, top_new)
+    T = int(math.ceil(top_len / prompt_bucket) * prompt_bucket)
     if max_len is None:
         max_len = T + cap_new + overshoot
     for r in range(B):
@@ -144,7 +148,9 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     speculative overshoot). ``num_pages``: the page budget (default: enough for every row
     at ``max_len``). ``mesh``: a ``('data', 'model')`` mesh (:func:`jspec.sharding.make_mesh`);
     rows are split over ``data`` and the target should be placed with
-    :func:`jspec.sharding.shard_target`.
+    :func:`jspec.sharding.shard_target`. In a multi-host run (:mod:`jspec.distributed`) the
+    mesh spans every process and ``prompts`` are this process's rows (the same count on every
+    process); the result holds this process's rows.
 
     ``drafter``: a :class:`jspec.drafters.Drafter`; the output is exactly what the target
     alone produces (greedy: the same tokens; sampling: the same distribution).
@@ -181,14 +187,19 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
         # A verify writes N slots past the committed length; a row may commit up to S
         # tokens past its limit before it stops; the drafter's loop needs its own slots.
         overshoot = max(N, drafter.module.cache_slots(spec)) + S + 1
-    shards = 1
+    shards, agreed, multi = 1, None, dist.is_multiprocess(mesh)
     if mesh is not None:
-        shards = mesh.shape["data"]
+        # Multi-host: this process's prompts fill the data shards on its own devices.
+        shards = dist.check_mesh(mesh) if multi else mesh.shape["data"]
         if B % shards:
             raise ValueError(f"batch of {B} rows does not split over the mesh's "
-                             f"data axis of size {shards}")
+                             f"data axis of size {shards}" +
+                             (" on this process" if multi else ""))
+    if multi:
+        dist.agree_rows(B)
+        agreed = tuple(int(v) for v in dist.allgather([lens.max(), limits.max()]).max(0))
     T, cap_new, num_pages, page_table = _admit(lens, limits, overshoot, prompt_bucket, max_len,
-                                               page_size, num_pages, shards)
+                                               page_size, num_pages, shards, agreed)
     kernels = resolve_kernels(kernels, target.config, page_size=page_size,
                               num_nodes=1 if drafter is None else N,
                               max_depth=None if drafter is None else S,
@@ -200,8 +211,13 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     if key is None:
         key = jax.random.key(seed)
 
-    rows = [prompt, lens, page_table, _stop_ids(target, stop_ids, B), limits]
-    if mesh is not None:
+    stops = _stop_ids(target, stop_ids, B)
+    rows = [prompt, lens, page_table, stops, limits]
+    if multi:
+        width = int(dist.allgather(np.int32(stops.shape[1])).max())
+        rows[3] = np.pad(stops, ((0, 0), (0, width - stops.shape[1])), constant_values=-1)
+        rows = [dist.global_rows(mesh, x) for x in rows]
+    elif mesh is not None:
         rows = [jax.device_put(x, batch_sharding(mesh, x.ndim)) for x in rows]
     else:
         rows = [jnp.asarray(x) for x in rows]
@@ -225,8 +241,10 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
         else:
             state = dec.run(*args)
         iters, hist = state.iterations, state.accept_hist
-    toks, n, reasons, iters, hist = jax.device_get(
-        (state.tokens, state.num_generated, state.stop_reason, iters, hist))
+    out = (state.tokens, state.num_generated, state.stop_reason, iters, hist)
+    if multi:                      # this process's rows of the global arrays
+        out = tuple(None if x is None else dist.local_rows(mesh, x) for x in out)
+    toks, n, reasons, iters, hist = jax.device_get(out)
     wall = time.perf_counter() - t0
 
     tokens = [toks[r, :n[r]].tolist() for r in range(B)]

@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-new", type=int, default=128)
     s.add_argument("--page-size", type=int, default=16)
     s.add_argument("--dtype", default=None)
+    s.add_argument("--aot", metavar="TOPOLOGY", default=None,
+                   help="compile for a TPU topology's abstract chips (e.g. v5e:2x4, v5p:2x2x2; "
+                        "needs libtpu) instead of simulated CPU devices")
     s.add_argument("--trace-for", default="tpu", choices=["tpu", "gpu", "cpu"],
                    help="the platform whose code paths are traced (compiled for CPU devices)")
     s.add_argument("--json", metavar="OUT")

@@ -15,7 +15,10 @@ a laptop). It prints:
   body, nested loops counted by their trip counts): op, result shape, bytes per device,
   group size, how many run per iteration, and where it comes from (the op's source line).
 
-The command re-runs itself in a child process with ``JAX_PLATFORMS=cpu`` and
+``--aot v5e:8x8`` compiles for that TPU topology's abstract chips instead (deviceless, with
+libtpu): XLA's TPU memory analysis and TPU collectives, where the CPU compile upcasts bf16
+weights for its dots and plans memory for a CPU. The command re-runs itself in a child
+process with ``JAX_PLATFORMS=cpu`` and
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (N = DATA x MODEL), so it never starts
 an accelerator backend and always has the devices the mesh needs.
 """
@@ -146,11 +149,12 @@ class Plan:
 
     def render(self) -> str:
         i = self.info
-        lines = [" ".join(f"{k}={v}" for k, v in i.items()), "",
+        lines = [" ".join(f"{k}={v}" for k, v in i.items() if k != "compile_error"), "",
                  "per-device bytes, from the shardings:",
                  common.format_table(self.memory, ["what", "shape", "dtype", "spec", "MB/device",
                                                    "MB total"]),
-                 "", "XLA memory analysis (per device): " +
+                 "", ("DOES NOT FIT: " + i["compile_error"]) if not i.get("fits", True) else
+                 "XLA memory analysis (per device): " +
                  ", ".join(f"{k} {v:.1f} MB" for k, v in self.xla.items()), "",
                  f"collectives in one iteration of the generate loop ({len(self.collectives)} "
                  f"kinds, {sum(c['per_iter'] for c in self.collectives)} ops, "
@@ -247,8 +251,16 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
     t0 = time.perf_counter()
     if log:
         log(f"lowering and compiling for a {data}x{model} mesh ...")
-    compiled = SpecDecoder.run.lower(dec, *args).compile()
-    info["compile_s"] = round(time.perf_counter() - t0, 1)
+    try:
+        compiled = SpecDecoder.run.lower(dec, *args).compile()
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        # The plan's answer, not a crash: this does not fit the device's memory.
+        info.update(fits=False, compile_s=round(time.perf_counter() - t0, 1),
+                    compile_error=str(e).splitlines()[0][:300])
+        return Plan(info, memory, {}, [])
+    info.update(fits=True, compile_s=round(time.perf_counter() - t0, 1))
     m = compiled.memory_analysis()
     xla = {k: getattr(m, f"{k}_size_in_bytes", 0) / 2**20
            for k in ("argument", "output", "temp", "alias", "generated_code")} if m else {}
@@ -264,22 +276,38 @@ def _reexec(n: int) -> int:
     return subprocess.call([sys.executable, "-m", "jspec.bench", *sys.argv[1:]], env=env)
 
 
+def tpu_devices(topology: str, n: int):
+    """``n`` abstract devices of a TPU topology such as ``v5e:2x4`` (deviceless compile,
+    needs libtpu; DESIGN.md section 6)."""
+    try:
+        from jax.experimental import topologies
+        devices = topologies.get_topology_desc(topology, platform="tpu").devices
+    except Exception as e:
+        raise SystemExit(f"--aot {topology}: no TPU compiler here ({type(e).__name__}: {e}); "
+                         "install libtpu (pip install -e '.[tpu]')") from None
+    if len(devices) != n:
+        raise SystemExit(f"--aot {topology} has {len(devices)} chips, the mesh needs {n}")
+    return devices
+
+
 def main(args) -> dict | None:
     data, model = parse_mesh(args.mesh)
     if not os.environ.get(_REEXEC):       # never start an accelerator backend for a plan
         sys.exit(_reexec(data * model))
-    if len(jax.devices()) < data * model:
+    from jspec.sharding import make_mesh
+    devices = tpu_devices(args.aot, data * model) if args.aot else None
+    if devices is None and len(jax.devices()) < data * model:
         raise SystemExit(f"mesh {data}x{model} needs {data * model} devices; have "
                          f"{len(jax.devices())}")
-    from jspec.sharding import make_mesh
     name = args.config
     cfg = configs.random_config(name, args.dtype or configs.natural_dtype(name))
-    mesh = make_mesh(data, model)
+    mesh = make_mesh(data, model, devices)
     p = plan(cfg, args.drafter, mesh, spec=parse_spec(args.spec), batch=args.batch,
              context=args.context, max_new=args.max_new, page_size=args.page_size,
              draft_vocab=args.draft_vocab, platform=args.trace_for,
              log=lambda s: print(s, flush=True))
-    print(f"# plan: {name}, {args.drafter}, mesh {args.mesh}")
+    print(f"# plan: {name}, {args.drafter}, mesh {args.mesh}"
+          + (f", compiled for TPU {args.aot} (deviceless)" if args.aot else ", CPU devices"))
     print(p.render())
     if args.json:
         common.write_json(args.json, p.as_dict())

@@ -43,12 +43,19 @@ def detect_format(path: str | os.PathLike) -> str:
 
 
 def load_target(path: str | os.PathLike, dtype=None, tokenizer: str | os.PathLike | None = None,
-                progress: Progress | None = None) -> Target:
-    """Load any supported checkpoint; ``tokenizer`` overrides the one found beside it."""
+                progress: Progress | None = None, mesh=None) -> Target:
+    """Load any supported checkpoint; ``tokenizer`` overrides the one found beside it.
+    ``mesh``: parameters are read straight into their shardings on the mesh (HF safetensors
+    slice by slice, Orbax by its sharded restore), so each process reads only what its devices
+    hold; a llama2.c file is read whole and then placed."""
     fmt = detect_format(path)
     if fmt == "llama2c":
-        return load_llama2c(path, dtype, tokenizer=tokenizer, progress=progress)
-    target = (load_orbax if fmt == "orbax" else load_hf)(path, dtype, progress=progress)
+        target = load_llama2c(path, dtype, tokenizer=tokenizer, progress=progress)
+        if mesh is not None:
+            from jspec.sharding import shard_target
+            target = shard_target(target, mesh)
+        return target
+    target = (load_orbax if fmt == "orbax" else load_hf)(path, dtype, progress=progress, mesh=mesh)
     if tokenizer is not None:
         cfg = target.config
         tok = load_tokenizer(tokenizer, eos_ids=cfg.eos_token_ids)

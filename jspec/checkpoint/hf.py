@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable
 
+import jax
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
@@ -76,6 +77,34 @@ def params_from_state_dict(cfg: LlamaConfig,
         arr = np.asarray(arr)
         check_shape(name, _hf_shape(shapes[path], transpose), arr.shape)
         flat[path] = to_param(arr.T if transpose else arr, cfg.dtype)
+    return unflatten(flat)
+
+
+def sharded_params(cfg: LlamaConfig, tensors: "SafetensorsDir", mesh, progress=None):
+    """Flax params placed on ``mesh`` (:func:`jspec.sharding.param_shardings`), each device's
+    block read from the safetensors file by slice (``jax.make_array_from_callback``): a
+    process reads only what its own devices hold, and the host holds one block at a time, so
+    its peak memory stays near its share of the weights."""
+    from jspec.sharding import param_shardings
+    shardings = flatten(param_shardings(cfg, mesh))
+    shapes = expected_shapes(cfg)
+    flat = {}
+    for name, path, transpose in (progress or no_progress)(hf_table(cfg), total=len(shapes)):
+        try:
+            check_shape(name, _hf_shape(shapes[path], transpose), tensors.shape(name))
+        except KeyError:
+            raise CheckpointError(f"checkpoint is missing tensor {name!r} (expected shape "
+                                  f"{_hf_shape(shapes[path], transpose)})") from None
+        file, f = tensors._handle(name)
+        lazy = f.get_slice(name)
+
+        def block(index, lazy=lazy, transpose=transpose, file=file, name=name):
+            try:
+                arr = lazy[tuple(reversed(index)) if transpose else index]
+            except Exception as e:
+                raise CheckpointError(f"{file.name}: cannot read tensor {name!r} ({e})") from e
+            return np.asarray(arr.T if transpose else arr).astype(cfg.dtype, copy=False)
+        flat[path] = jax.make_array_from_callback(shapes[path], shardings[path], block)
     return unflatten(flat)
 
 
@@ -183,11 +212,17 @@ def load_hf_config(path: str | os.PathLike, dtype=None) -> LlamaConfig:
     return with_dtype(cfg, dtype)
 
 
-def load_hf(path: str | os.PathLike, dtype=None, progress: Progress | None = None) -> Target:
-    """Load an HF Llama directory. A ``tokenizer.json`` or ``tok*.bin`` beside it is loaded."""
+def load_hf(path: str | os.PathLike, dtype=None, progress: Progress | None = None,
+            mesh=None) -> Target:
+    """Load an HF Llama directory. A ``tokenizer.json`` or ``tok*.bin`` beside it is loaded.
+    ``mesh``: read each tensor slice-wise straight into its sharding on the mesh
+    (:func:`sharded_params`), never the whole tensor on the host."""
     cfg = load_hf_config(path, dtype)
     with SafetensorsDir(path) as tensors:
-        params = params_from_state_dict(cfg, tensors, progress=progress)
+        if mesh is not None:
+            params = sharded_params(cfg, tensors, mesh, progress)
+        else:
+            params = params_from_state_dict(cfg, tensors, progress=progress)
     tok_path = find_tokenizer(path)
     tok = None
     if tok_path is not None:

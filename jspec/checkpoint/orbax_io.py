@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -96,7 +97,22 @@ def restore_numpy(ckptr, pdir, paths) -> dict:
     return raw
 
 
-def load_orbax(path: str | os.PathLike, dtype=None, progress: Progress | None = None) -> Target:
+def restore_sharded(ckptr, pdir, cfg, mesh, stored) -> dict:
+    """Restore into :func:`jspec.sharding.param_shardings` on ``mesh``, cast to ``cfg.dtype``;
+    closes ``ckptr``."""
+    from jspec.sharding import param_shardings
+    sh = flatten(param_shardings(cfg, mesh))
+    args = unflatten({p: ocp.ArrayRestoreArgs(sharding=sh[p], dtype=jnp.dtype(cfg.dtype))
+                      for p in stored})
+    raw = flatten(ckptr.restore(pdir, args=ocp.args.PyTreeRestore(restore_args=args)))
+    ckptr.close()
+    return raw
+
+
+def load_orbax(path: str | os.PathLike, dtype=None, progress: Progress | None = None,
+               mesh=None) -> Target:
+    """``mesh``: restore every parameter straight into its sharding on the mesh (Orbax reads
+    the blocks each process's devices hold), not whole on the host."""
     d = Path(path).absolute()
     meta = read_meta(d)
     info = meta["jspec"]
@@ -114,9 +130,12 @@ def load_orbax(path: str | os.PathLike, dtype=None, progress: Progress | None = 
     extra = sorted(path_str(p) for p in stored if p not in shapes)
     if extra:
         raise CheckpointError(f"checkpoint has tensors the config does not: {extra[:5]}")
-    raw = restore_numpy(ckptr, pdir, stored)
-    flat = {p: to_param(raw[p], cfg.dtype)
-            for p in (progress or no_progress)(list(shapes), total=len(shapes))}
+    if mesh is not None:
+        flat = restore_sharded(ckptr, pdir, cfg, mesh, stored)
+    else:
+        raw = restore_numpy(ckptr, pdir, stored)
+        flat = {p: to_param(raw[p], cfg.dtype)
+                for p in (progress or no_progress)(list(shapes), total=len(shapes))}
     tok = None
     if info.get("tokenizer"):
         tok = load_tokenizer(d / info["tokenizer"], bos_id=info.get("tokenizer_bos_id"),
