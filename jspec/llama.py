@@ -379,16 +379,22 @@ def linear(x, w, precision=None):
     lead, k = x.shape[:-1], x.shape[-1]
     out = w.shape[:-1]
     m = math.prod(lead)
-    # The weight's output dims stay separate (no reshape of w): merging [2, I] of a gate/up
-    # pair sharded over I is not a tiled sharding, and the SPMD partitioner all-gathered the
-    # whole weight for it (an 8B MLP's 458 MB per layer per verify, `jspec.bench plan`).
-    if target_platform() != "cpu" or m == 1 or m > CPU_FEW_TOKENS:
+    if target_platform() != "cpu":
+        # The weight's output dims stay separate (no reshape of w): merging [2, I] of a
+        # gate/up pair sharded over I is not a tiled sharding, and the SPMD partitioner
+        # all-gathered the whole weight for it (an 8B MLP's 458 MB per layer per verify,
+        # `jspec.bench plan`). CPU keeps the reshaped forms below: the batch-1 plain step
+        # measured 1.3-1.5x slower on the shipped model with this one.
         return jnp.einsum("mk,...k->m...", x.reshape(-1, k), w,
+                          precision=precision).reshape(lead + out)
+    if m == 1 or m > CPU_FEW_TOKENS:
+        return jnp.einsum("mk,nk->mn", x.reshape(-1, k), w.reshape(-1, k),
                           precision=precision).reshape(lead + out)
     x = x.reshape(-1, k)
     pad = -m % CPU_TOKEN_MULTIPLE if m > CPU_TOKEN_MULTIPLE else 0
-    y = jnp.einsum("...k,mk->...m", w, jnp.pad(x, ((0, pad), (0, 0))), precision=precision)
-    return jnp.moveaxis(jax.lax.optimization_barrier(y), -1, 0)[:m].reshape(lead + out)
+    y = jnp.einsum("nk,mk->nm", w.reshape(-1, k), jnp.pad(x, ((0, pad), (0, 0))),
+                   precision=precision)
+    return jax.lax.optimization_barrier(y).T[:m].reshape(lead + out)
 
 
 # Past this many tokens (a prefill, a training batch) Eigen's product is a well-shaped GEMM

@@ -1,4 +1,4 @@
-"""``python -m jspec.bench {plain,forward,spec,anatomy,plan} ...`` (see :mod:`jspec.bench`)."""
+"""``python -m jspec.bench {plain,forward,spec,anatomy,plan,load} ...`` (see :mod:`jspec.bench`)."""
 
 from __future__ import annotations
 
@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--trace-for", default="tpu", choices=["tpu", "gpu", "cpu"],
                    help="the platform whose code paths are traced (compiled for CPU devices)")
     s.add_argument("--json", metavar="OUT")
+    s = sub.add_parser("load", help="host memory of loading a checkpoint onto a mesh: whole "
+                                    "then placed vs slice-wise into the shardings")
+    s.add_argument("--checkpoint", default=None, help="HF or Orbax directory")
+    s.add_argument("--random-config", default="100m",
+                   help="without --checkpoint: write a random HF checkpoint of this shape")
+    s.add_argument("--mesh", default="2x4", help="DATAxMODEL")
+    s.add_argument("--json", metavar="OUT")
     s = sub.add_parser("anatomy", help="compiled plain step and speculative phases: kernels, "
                                        "bytes, flops, memory, compile time (nothing timed)")
     s.add_argument("--random-config", metavar="NAME", default="tiny",
@@ -141,6 +148,9 @@ def main(argv=None):
             args.random_config = "100m" if args.simulate else "tiny"
         from jspec.bench import spec
         return spec.main(args)
+    if args.bench == "load":
+        from jspec.bench import load
+        return load.main(args)
     if args.bench == "plan":
         from jspec.bench import plan
         return plan.main(args)

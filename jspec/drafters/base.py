@@ -10,6 +10,8 @@ static argument of the compiled driver) and a parameter pytree. The driver calls
   then the first generated token);
 - ``propose(params, target, state, root, spec)`` -> :class:`~jspec.tree.build.DraftTree`
   (N nodes, root = the last emitted token); ``target`` is ``(target_config, target_params)``;
+  dynamic-tree drafters also expose ``draft_pool(params, target, state, spec)``, the scored
+  EAGLE-2 candidate pool that ``propose`` selects from (calibration and ``selection`` use it);
 - ``extend(params, target, state, feats, next_tokens, n)`` after verification with the
   accepted nodes' features ``[B, S+1, F]`` and the tokens emitted after them; ``n`` per row.
 
