@@ -27,7 +27,7 @@ from jspec.kernels import check_mode as check_kernels, resolve as resolve_kernel
 from jspec.sampling import SamplingConfig
 from jspec.spec_config import SpecConfig
 from jspec.spec_decode import SpecDecoder, tree_shape
-from jspec.sharding import batch_sharding
+from jspec.sharding import batch_sharding, shard_drafter
 from jspec.target import Target
 from jspec.tree.calibration import check as check_selection
 
@@ -232,6 +232,8 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
         hist = None
     else:
         served = drafter.serving          # validated above in its checkpoint layout
+        if mesh is not None:              # its layers sharded like the target's
+            served = shard_drafter(served, target.config, mesh)
         dec = SpecDecoder(target.config, served.module, spec, sampling, cap_new, page_size,
                           num_pages, float(forced_accept), mesh, kernels)
         args = (target.serving_params, served.params, prompt_d, lens_d, table_d, table_d, stop_d,

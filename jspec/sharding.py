@@ -68,6 +68,34 @@ def param_shardings(cfg, mesh: Mesh):
         is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
 
 
+def drafter_shardings(drafter, target_cfg, mesh: Mesh):
+    """NamedShardings for a drafter's params (checkpoint or serving layout), from the logical
+    axes its layers declare, under the target's :data:`LOGICAL_RULES` (its LM head over the
+    vocabulary, attention over heads, MLP over ``model``); maps and tables without axes
+    (``d2t``, a calibration table) are replicated."""
+    module = drafter.module
+    boxed = jax.eval_shape(lambda k: module.init_params(k, target_cfg), jax.random.key(0))
+    flip = getattr(module, "out_major", False)
+    specs = {}
+    for path, b in jax.tree_util.tree_leaves_with_path(
+            boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)):
+        if isinstance(b, nn.LogicallyPartitioned):
+            names, shape = tuple(b.names), b.value.shape
+            if flip and getattr(path[-1], "key", None) == "kernel" and len(shape) == 2:
+                names, shape = names[::-1], shape[::-1]          # serving: [out, in]
+            specs[jax.tree_util.keystr(path)] = _spec(names, shape, mesh)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: NamedSharding(mesh, specs.get(jax.tree_util.keystr(path), P())),
+        nn.unbox(drafter.params))
+
+
+def shard_drafter(drafter, target_cfg, mesh: Mesh):
+    """The drafter with its params placed on ``mesh`` (:func:`drafter_shardings`)."""
+    from jspec.drafters import Drafter
+    params = jax.device_put(nn.unbox(drafter.params), drafter_shardings(drafter, target_cfg, mesh))
+    return Drafter(drafter.module, params, source=drafter.source)
+
+
 def _is_axes(x) -> bool:
     return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
 

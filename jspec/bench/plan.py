@@ -33,6 +33,7 @@ import sys
 import time
 from collections import Counter
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -183,7 +184,8 @@ def plan(cfg, kind: str | None, mesh, *, spec=None, batch: int = 8, context: int
 
 def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab, platform,
           log) -> Plan:
-    from jspec.sharding import batch_sharding, kv_pages_spec, packed_param_shardings
+    from jspec.sharding import (batch_sharding, drafter_shardings, kv_pages_spec,
+                                packed_param_shardings)
 
     data, model = mesh.shape["data"], mesh.shape["model"]
     if batch % data:
@@ -221,8 +223,9 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
     S, N = tree_shape(drafter.module, spec)
     overshoot = max(N, drafter.module.cache_slots(spec)) + S + 1
     a = setup.inputs(overshoot, shards=data)
-    dparams = _with_shardings(drafter.params, jax.tree.map(lambda _: repl, drafter.params))
-    add(f"{kind} params", dparams, repl)
+    dshard = drafter_shardings(drafter, cfg, mesh)
+    dparams = _with_shardings(nn.unbox(drafter.params), dshard)
+    add(f"{kind} params", dparams, dshard)
     dec = SpecDecoder(cfg, drafter.module, spec, SamplingConfig(0.0), a["cap_new"], page_size,
                       a["num_pages"], 0.0, mesh, "reference")
     rows = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding(mesh, len(x.shape)))
