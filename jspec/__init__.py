@@ -10,7 +10,8 @@ __all__ = ["ConfigError", "LlamaConfig", "RopeConfig", "GenerationResult", "gene
            "KVCacheExhaustedError", "SamplingConfig", "Target", "load_target"]
 
 
-def load_target(path, dtype=None, tokenizer=None) -> Target:
-    """Load a target from an HF directory, a jspec Orbax directory or a llama2.c ``.bin``."""
+def load_target(path, dtype=None, tokenizer=None, mesh=None) -> Target:
+    """Load a target from an HF directory, a jspec Orbax directory or a llama2.c ``.bin``;
+    with ``mesh``, straight into its shardings (see :func:`jspec.checkpoint.load_target`)."""
     from jspec.checkpoint import load_target as _load
-    return _load(path, dtype=dtype, tokenizer=tokenizer)
+    return _load(path, dtype=dtype, tokenizer=tokenizer, mesh=mesh)

@@ -109,14 +109,13 @@ def run_generate(args) -> int:
     import jax
 
     import jspec
-    target = jspec.load_target(args.model, dtype=args.dtype, tokenizer=args.tokenizer)
-    prompts = args.prompt if args.prompt is not None else args.prompt_ids
     mesh = None
-    if args.mesh:
+    if args.mesh:      # each process reads only the weights its devices hold
         from jspec import sharding
         data, model = (int(x) for x in args.mesh.lower().split("x"))
         mesh = sharding.make_mesh(data, model)
-        target = sharding.shard_target(target, mesh)
+    target = jspec.load_target(args.model, dtype=args.dtype, tokenizer=args.tokenizer, mesh=mesh)
+    prompts = args.prompt if args.prompt is not None else args.prompt_ids
     if multi and jax.process_count() > 1:
         if mesh is None:
             raise ValueError("a multi-host run needs --mesh DATAxMODEL over all processes' devices")
@@ -128,6 +127,8 @@ def run_generate(args) -> int:
     drafter = spec = None
     if args.drafter:
         drafter = load_drafter_arg(args.drafter, target)
+        if mesh is not None:
+            drafter = sharding.shard_drafter(drafter, target.config, mesh)
         spec = spec_from_args(args, drafter)
     res = jspec.generate(target, prompts, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

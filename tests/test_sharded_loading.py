@@ -11,6 +11,7 @@ from pathlib import Path
 
 SCRIPT = textwrap.dedent("""
     import json, sys
+    import flax.linen as nn
     import jax, numpy as np
     import jspec
     from jspec import sharding
@@ -36,6 +37,21 @@ SCRIPT = textwrap.dedent("""
         res[fmt] = {"same": all(jax.tree.leaves(same)), "placed": all(jax.tree.leaves(placed)),
                     "tokens": tokens}
     res["plain"] = jspec.generate(ref, [[1, 5, 9]] * 2, max_new_tokens=8, stop_ids=[]).tokens
+    # A drafter restored straight into its shardings (its layers by the logical rules).
+    from jspec.drafters import load_drafter, random_drafter, save_drafter
+    d = random_drafter("eagle3", cfg, jax.random.key(2))
+    save_drafter(d, out + "/drafter")
+    ds = load_drafter(out + "/drafter", cfg, mesh=mesh)
+    want_d = sharding.drafter_shardings(ds, cfg, mesh)
+    res["drafter"] = {
+        "same": all(jax.tree.leaves(jax.tree.map(
+            lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), ds.params,
+            jax.tree.map(np.asarray, nn.unbox(d.params))))),
+        "placed": all(jax.tree.leaves(jax.tree.map(lambda a, s: a.sharding.is_equivalent_to(
+            s, a.ndim), ds.params, want_d))),
+        "head_sharded": "model" in str(ds.params["net"]["lm_head"]["kernel"].sharding.spec),
+        "tokens": jspec.generate(load_target(out + "/orbax", mesh=mesh), [[1, 5, 9]] * 2,
+                                 max_new_tokens=8, mesh=mesh, stop_ids=[], drafter=ds).tokens}
     bad = out + "/hf/config.json"
     c = json.load(open(bad)); c["hidden_size"] = 32; json.dump(c, open(bad, "w"))
     try:
@@ -59,3 +75,5 @@ def test_sharded_loading_equals_whole_loading(tmp_path):
         assert res[fmt]["same"] and res[fmt]["placed"], fmt
         assert res[fmt]["tokens"] == res["plain"], fmt
     assert "model.embed_tokens.weight" in res["error"]        # names the tensor
+    assert res["drafter"]["same"] and res["drafter"]["placed"] and res["drafter"]["head_sharded"]
+    assert res["drafter"]["tokens"] == res["plain"]

@@ -482,7 +482,7 @@ def _as_config(target) -> LlamaConfig:
 
 
 def load_drafter(path: str | os.PathLike, target_config, dtype=None, *, kind: str | None = None,
-                 aux_layers=None) -> Drafter:
+                 aux_layers=None, mesh=None) -> Drafter:
     """Load a drafter for ``target_config`` (a :class:`LlamaConfig` or a ``Target``).
 
     ``kind`` forces the layout (``"eagle1"``, ``"eagle3"``, ``"mtp"``, ``"medusa"``);
@@ -490,9 +490,12 @@ def load_drafter(path: str | os.PathLike, target_config, dtype=None, *, kind: st
     ``dtype`` defaults to the target's. Raises :class:`DrafterMismatchError` or
     :class:`CheckpointError` (naming the field or tensor) before anything is compiled.
     A ``jspec_calibration.json`` beside the weights (``python -m jspec.train calibrate``)
-    is attached for ``SpecConfig(selection="calibrated")``.
+    is attached for ``SpecConfig(selection="calibrated")``. ``mesh``: parameters placed by
+    :func:`jspec.sharding.drafter_shardings` (a jspec Orbax drafter is restored straight into
+    them; HF layouts are read whole, then placed).
     """
-    drafter = _load_drafter(path, target_config, dtype, kind=kind, aux_layers=aux_layers)
+    drafter = _load_drafter(path, target_config, dtype, kind=kind, aux_layers=aux_layers,
+                            mesh=mesh)
     try:
         table = calibration.load(path)
     except (calibration.CalibrationError, ValueError, KeyError) as e:
@@ -500,7 +503,8 @@ def load_drafter(path: str | os.PathLike, target_config, dtype=None, *, kind: st
     return drafter if table is None else calibration.attach(drafter, table)
 
 
-def _load_drafter(path, target_config, dtype=None, *, kind=None, aux_layers=None) -> Drafter:
+def _load_drafter(path, target_config, dtype=None, *, kind=None, aux_layers=None,
+                  mesh=None) -> Drafter:
     target = _as_config(target_config)
     d = Path(path)
     if not d.exists():
@@ -509,7 +513,7 @@ def _load_drafter(path, target_config, dtype=None, *, kind=None, aux_layers=None
         raise CheckpointError(f"{d}: a drafter checkpoint is a directory")
     dtype = _dtype_name(dtype, target)
     if (d / DRAFTER_CONFIG_FILE).is_file():
-        drafter = _load_orbax(d, target, dtype)
+        drafter = _load_orbax(d, target, dtype, mesh)
         if kind is not None and drafter.kind != kind:
             raise CheckpointError(f"{d}: holds a {drafter.kind} drafter, kind={kind!r} was asked for")
         return dataclasses.replace(drafter, source=str(d))
@@ -545,7 +549,11 @@ def _load_drafter(path, target_config, dtype=None, *, kind=None, aux_layers=None
     params = unflatten(flat)
     params.update(extra)
     module.validate(target, params)                 # index maps (d2t, token_map)
-    return Drafter(module, params, source=str(d))
+    drafter = Drafter(module, params, source=str(d))
+    if mesh is not None:
+        from jspec.sharding import shard_drafter
+        drafter = shard_drafter(drafter, target, mesh)
+    return drafter
 
 
 def _check_table_covers(module, table, expected, extra) -> None:
@@ -611,7 +619,7 @@ def _read_meta(d: Path) -> dict:
     return meta
 
 
-def _load_orbax(d: Path, target: LlamaConfig, dtype: str) -> Drafter:
+def _load_orbax(d: Path, target: LlamaConfig, dtype: str, mesh=None) -> Drafter:
     d = d.absolute()
     meta = _read_meta(d)
     cls = KINDS[meta["kind"]]
@@ -649,12 +657,18 @@ def _load_orbax(d: Path, target: LlamaConfig, dtype: str) -> Drafter:
     extra = sorted(path_str(p) for p in stored if p not in expected and p not in optional)
     if extra:
         raise CheckpointError(f"checkpoint has tensors the {module.kind} spec does not: {extra[:5]}")
-    raw = restore_numpy(ckptr, pdir, stored)
-    flat = {}
-    for p, arr in raw.items():
-        want = expected[p].dtype if p in expected else np.int32
-        flat[p] = to_param(arr, np.dtype(want).name)
-    params = unflatten(flat)
+    want = {p: np.dtype(expected[p].dtype if p in expected else np.int32) for p in stored}
+    if mesh is not None:
+        # Straight into the shardings its layers' logical axes give (jspec.sharding).
+        from jspec.sharding import drafter_shardings
+        shapes = unflatten({p: jax.ShapeDtypeStruct(stored[p].shape, want[p]) for p in stored})
+        sh = flatten(drafter_shardings(Drafter(module, shapes), target, mesh))
+        args = unflatten({p: ocp.ArrayRestoreArgs(sharding=sh[p], dtype=want[p]) for p in stored})
+        params = ckptr.restore(pdir, args=ocp.args.PyTreeRestore(restore_args=args))
+        ckptr.close()
+    else:
+        raw = restore_numpy(ckptr, pdir, stored)
+        params = unflatten({p: to_param(arr, want[p].name) for p, arr in raw.items()})
     module.validate(target, params)
     return Drafter(module, params)
 
