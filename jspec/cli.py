@@ -247,6 +247,10 @@ def run_tune(args) -> int:
                     repeats=args.repeats, forced_accept=args.forced_accept,
                     progress=lambda m: print(m, file=sys.stderr))
     print(json.dumps(res.costs.as_dict()))
+    if res.profile:
+        print("acceptance profile (a drafted node is the target's greedy token, given its parent "
+              "is):")
+        print(tune.format_profile(res.profile))
     print(res.table())
     print(f"plain {res.plain_tokens_per_s:.1f} tok/s; pick ({tune.shape(res.pick)}); "
           f"errors {json.dumps(res.errors())}")

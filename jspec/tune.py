@@ -9,7 +9,9 @@ the drafter (how fast acceptance decays with depth), so it is measured, not gues
    frontier nodes). One timed run of the drafter's default shape fits the rest: a fixed
    per-iteration ``overhead`` (walk, commit, bookkeeping) or, when the loop runs faster than
    its steps timed alone (it does on this CPU), a ``scale`` on the steps.
-2. **Acceptance** (:func:`predict_accept`): the expected accept length E(S, K, N) of every grid
+2. **Acceptance** (:func:`predict_accept`): the acceptance profile (per depth and sibling rank,
+   how often a drafted node is the target's greedy token, from one wide teacher-forced draft
+   run: :func:`acceptance_profile`) and the expected accept length E(S, K, N) of every grid
    shape, teacher-forced on calibration sequences (the prompts and their greedy continuations
    by the target): the drafter's real ``propose`` at each position, walked against the target's
    greedy tokens (:class:`jspec.train.acceptance.TeacherForced`). With ``forced_accept`` (the
@@ -185,18 +187,52 @@ def _prompt_ids(target, prompts) -> list[list[int]]:
     return _as_id_lists(target, prompts)[0]
 
 
+PROFILE_SPEC = SpecConfig(6, 8, 64)     # the calibration run behind the acceptance profile
+
+
 def predict_accept(target, drafter, grid: Sequence[SpecConfig], seqs, *, starts=None,
-                   stride: int = 1, forced_accept: float = 0.0) -> dict[str, float]:
+                   stride: int = 1, forced_accept: float = 0.0,
+                   profile: dict | None = None) -> dict[str, float]:
     """Expected accept length per grid shape: teacher-forced on ``seqs`` from ``starts`` on
-    (see the module docstring), or min(forced, S + 1) in the forced benchmark mode."""
+    (see the module docstring), or min(forced, S + 1) in the forced benchmark mode. A dict
+    passed as ``profile`` receives the acceptance profile (:func:`acceptance_profile`)."""
     if forced_accept:
         return {shape(sp): min(float(forced_accept), sp.num_steps + 1.0) for sp in grid}
     from jspec.train.acceptance import TeacherForced
     m = drafter.module
     aux = tuple(m.aux_layers) if getattr(m, "feature_source", "final") == "aux" else None
-    tf = TeacherForced(target, seqs, aux_layers=aux, stride=stride, starts=starts,
-                       max_depth=max(sp.num_steps for sp in grid))
+    depth = max([sp.num_steps for sp in grid] + [PROFILE_SPEC.num_steps])
+    tf = TeacherForced(target, seqs, aux_layers=aux, stride=stride, starts=starts, max_depth=depth)
+    if profile is not None:
+        profile.update(acceptance_profile(tf.records(drafter, PROFILE_SPEC),
+                                          PROFILE_SPEC.num_steps, PROFILE_SPEC.topk))
     return {shape(sp): tf.accept(drafter, sp) for sp in grid}
+
+
+def acceptance_profile(rec: dict, depths: int, ranks: int) -> dict:
+    """Per tree depth and sibling rank: how often a drafted node whose parent is on the
+    target's greedy path is the target's greedy token (``rate[d][r]``, None where no parent
+    was on the path), and how many such nodes were seen (``count``)."""
+    D, R = depths, ranks
+    rate, count = [], []
+    for d in range(D):
+        rate.append([]), count.append([])
+        for r in range(R):
+            sel = (rec["step"] == d) & (rec["rank"] == r)
+            count[-1].append(int(sel.sum()))
+            rate[-1].append(float(rec["hit"][sel].mean()) if sel.any() else None)
+    return {"rate": rate, "count": count}
+
+
+def format_profile(profile: dict) -> str:
+    """The profile as a table: depth down, sibling rank across."""
+    R = len(profile["rate"][0])
+    lines = ["| depth | " + " | ".join(f"rank {r}" for r in range(R)) + " |",
+             "|---|" + "--:|" * R]
+    for d, row in enumerate(profile["rate"]):
+        lines.append(f"| {d + 1} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in row)
+                     + " |")
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- tuning
@@ -209,6 +245,7 @@ class TuneResult:
     device: str
     batch: int
     confirm_pick: dict | None = None  # exhaustive runs: the shortlist pick and its share of best
+    profile: dict | None = None       # acceptance per depth and rank (acceptance_profile)
 
     def table(self) -> str:
         cols = ["S,K,N", "E pred", "E meas", "tok/s pred", "tok/s meas", "speedup meas"]
@@ -240,13 +277,15 @@ class TuneResult:
         """Inverse of :meth:`as_dict` (e.g. a ``--json`` file)."""
         rows = [{**r, "spec": parse_shape(r["S,K,N"])} for r in d["rows"]]
         return cls(parse_shape(d["pick"]), Costs.from_dict(d["costs"]), rows,
-                   d["plain tokens/s"], d["device"], d["batch"], d.get("confirm pick"))
+                   d["plain tokens/s"], d["device"], d["batch"], d.get("confirm pick"),
+                   d.get("acceptance profile"))
 
     def as_dict(self) -> dict:
         rows = [{k: v for k, v in r.items() if k != "spec"} for r in self.rows]
         return {"pick": shape(self.pick), "device": self.device, "batch": self.batch,
                 "plain tokens/s": self.plain_tokens_per_s, "costs": self.costs.as_dict(),
-                "errors": self.errors(), "confirm pick": self.confirm_pick, "rows": rows}
+                "errors": self.errors(), "confirm pick": self.confirm_pick,
+                "acceptance profile": self.profile, "rows": rows}
 
     def errors(self) -> dict:
         """Mean absolute relative error of the predicted E and tokens/s over the timed rows."""
@@ -296,8 +335,9 @@ def tune(target, drafter, prompts, *, batch: int = 1, new_tokens: int = 64,
                                                    ", teacher forced ..."))
     seqs, starts = ([], None) if forced_accept else calibration_sequences(
         target, prompts, calib_tokens or new_tokens)
+    profile: dict = {}
     E = predict_accept(target, drafter, grid, seqs, starts=starts, stride=stride,
-                       forced_accept=forced_accept)
+                       forced_accept=forced_accept, profile=profile)
 
     # A timed run generates for every prompt, ``batch`` rows at a time (the last chunk is
     # filled up with the first prompts), so E and tokens/s are measured on what calibrated.
@@ -340,7 +380,8 @@ def tune(target, drafter, prompts, *, batch: int = 1, new_tokens: int = 64,
     best = max(timed, key=lambda r: r["tok/s meas"])
     progress(f"tuned in {time.perf_counter() - t0:.0f} s: pick ({best['S,K,N']}), "
              f"{best['tok/s meas']:.1f} tok/s, {best['speedup meas']:.2f}x plain")
-    result = TuneResult(best["spec"], costs, rows, plain_tps, device_kind(), batch)
+    result = TuneResult(best["spec"], costs, rows, plain_tps, device_kind(), batch,
+                        profile=profile or None)
     if exhaustive:
         result.confirm_pick = result.shortlist_pick(confirm, default)
     return result

@@ -37,6 +37,14 @@ def test_forced_accept_is_capped_by_depth():
                                                                              "5,4,8": 4.0}
 
 
+def test_grid_has_calibrated_trees_when_asked_and_shapes_round_trip():
+    grid = tune.default_grid(selections=("eagle2", "calibrated"))
+    cal = [g for g in grid if g.selection == "calibrated"]
+    assert cal and all(not g.is_chain for g in cal) and len(grid) == 39 + len(cal)
+    assert tune.shape(SpecConfig(5, 4, 8, "calibrated")) == "5,4,8/cal"
+    assert all(tune.parse_shape(tune.shape(g)) == g for g in grid)
+
+
 def test_default_grid_is_valid_and_large_enough():
     grid = tune.default_grid()
     assert len(grid) >= 20 and len({tune.shape(g) for g in grid}) == len(grid)
@@ -73,8 +81,14 @@ def test_tune_picks_the_fastest_timed_shape_and_spec_auto_uses_it(stories_dir, t
         assert r["E pred"] >= 1.0 and r["E meas"] >= 1.0 and r["tok/s pred"] > 0
     assert set(res.errors()) == {"timed shapes", "E error", "tok/s error"}
     assert 0 < res.confirm_pick["of best"] <= 1.0
+    # The acceptance profile: per depth and sibling rank, from one wide teacher-forced run.
+    prof = res.profile
+    assert len(prof["rate"]) == tune.PROFILE_SPEC.num_steps
+    assert len(prof["rate"][0]) == tune.PROFILE_SPEC.topk and prof["count"][0][0] > 0
+    assert all(v is None or 0.0 <= v <= 1.0 for row in prof["rate"] for v in row)
+    assert "| depth | rank 0 |" in tune.format_profile(prof)
     again = tune.TuneResult.from_dict(json.loads(json.dumps(res.as_dict())))
-    assert again.pick == res.pick and again.rows == res.rows
+    assert again.pick == res.pick and again.rows == res.rows and again.profile == prof
     assert again.costs.iteration_ms(res.pick) == pytest.approx(res.costs.iteration_ms(res.pick))
     assert again.shortlist_pick(1, None)["S,K,N"] == max(res.rows, key=lambda r: r["tok/s pred"])["S,K,N"]
     stored = tune.store(res, drafter.source)
