@@ -167,6 +167,10 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     interpret mode, any backend); see :mod:`jspec.kernels`.
     """
     check_kernels(kernels)
+    if profile and mesh is not None:
+        # The profile drives the phases from the host over one pool; a mesh's pools and page
+        # tables are per data shard (jspec.sharding.per_data_shard).
+        raise ValueError("profile=True does not support a mesh; profile on one device")
     sampling = SamplingConfig(temperature, top_k, top_p)
     ids, is_text = _as_id_lists(target, prompts)
     B = len(ids)
