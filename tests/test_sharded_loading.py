@@ -38,10 +38,16 @@ SCRIPT = textwrap.dedent("""
                     "tokens": tokens}
     res["plain"] = jspec.generate(ref, [[1, 5, 9]] * 2, max_new_tokens=8, stop_ids=[]).tokens
     # A drafter restored straight into its shardings (its layers by the logical rules).
-    from jspec.drafters import load_drafter, random_drafter, save_drafter
+    from jspec.drafters import load_drafter, random_drafter, save_drafter, save_hf_drafter
     d = random_drafter("eagle3", cfg, jax.random.key(2))
     save_drafter(d, out + "/drafter")
+    save_hf_drafter(d, out + "/hf_drafter")
     ds = load_drafter(out + "/drafter", cfg, mesh=mesh)
+    dh = load_drafter(out + "/hf_drafter", cfg, mesh=mesh)     # EAGLE-3's HF layout, by slice
+    res["hf_drafter_same"] = all(jax.tree.leaves(jax.tree.map(
+        lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), dh.params, ds.params)))
+    res["hf_drafter_placed"] = all(jax.tree.leaves(jax.tree.map(
+        lambda a, b: a.sharding.is_equivalent_to(b.sharding, a.ndim), dh.params, ds.params)))
     want_d = sharding.drafter_shardings(ds, cfg, mesh)
     res["drafter"] = {
         "same": all(jax.tree.leaves(jax.tree.map(
@@ -77,3 +83,4 @@ def test_sharded_loading_equals_whole_loading(tmp_path):
     assert "model.embed_tokens.weight" in res["error"]        # names the tensor
     assert res["drafter"]["same"] and res["drafter"]["placed"] and res["drafter"]["head_sharded"]
     assert res["drafter"]["tokens"] == res["plain"]
+    assert res["hf_drafter_same"] and res["hf_drafter_placed"]

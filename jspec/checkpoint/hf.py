@@ -95,16 +95,7 @@ def sharded_params(cfg: LlamaConfig, tensors: "SafetensorsDir", mesh, progress=N
         except KeyError:
             raise CheckpointError(f"checkpoint is missing tensor {name!r} (expected shape "
                                   f"{_hf_shape(shapes[path], transpose)})") from None
-        file, f = tensors._handle(name)
-        lazy = f.get_slice(name)
-
-        def block(index, lazy=lazy, transpose=transpose, file=file, name=name):
-            try:
-                arr = lazy[tuple(reversed(index)) if transpose else index]
-            except Exception as e:
-                raise CheckpointError(f"{file.name}: cannot read tensor {name!r} ({e})") from e
-            return np.asarray(arr.T if transpose else arr).astype(cfg.dtype, copy=False)
-        flat[path] = jax.make_array_from_callback(shapes[path], shardings[path], block)
+        flat[path] = tensors.sharded(name, shardings[path], cfg.dtype, transpose)
     return unflatten(flat)
 
 
@@ -165,6 +156,23 @@ class SafetensorsDir(Mapping):
             return f.get_tensor(name)
         except Exception as e:  # SafetensorError: corrupt file, or the index named a tensor
             raise CheckpointError(f"{file.name}: cannot read tensor {name!r} ({e})") from e
+
+    def sharded(self, name: str, sharding, dtype, transpose: bool = False) -> jax.Array:
+        """Tensor ``name`` (transposed if asked) as a ``dtype`` array placed by ``sharding``,
+        each device's block read from the file by slice (``jax.make_array_from_callback``):
+        a process reads only what its devices hold, one block at a time."""
+        file, f = self._handle(name)
+        lazy = f.get_slice(name)
+        shape = tuple(lazy.get_shape())
+        shape = shape[::-1] if transpose else shape
+
+        def block(index):
+            try:
+                arr = lazy[tuple(reversed(index)) if transpose else index]
+            except Exception as e:
+                raise CheckpointError(f"{file.name}: cannot read tensor {name!r} ({e})") from e
+            return np.asarray(arr.T if transpose else arr).astype(dtype, copy=False)
+        return jax.make_array_from_callback(shape, sharding, block)
 
     def shape(self, name: str) -> tuple[int, ...]:
         """A tensor's shape from its file header, without reading the data."""

@@ -188,6 +188,9 @@ class _Tensors(SafetensorsDir):
     def get(self, name: str) -> np.ndarray:
         return self[self.prefix + name]
 
+    def sharded(self, name: str, sharding, dtype, transpose: bool = False):
+        return super().sharded(self.prefix + name, sharding, dtype, transpose)
+
 
 # ------------------------------------------------------------------- detection
 _MEDUSA_FD = re.compile(r"\d+\.\d+\.linear\.weight")
@@ -492,7 +495,7 @@ def load_drafter(path: str | os.PathLike, target_config, dtype=None, *, kind: st
     A ``jspec_calibration.json`` beside the weights (``python -m jspec.train calibrate``)
     is attached for ``SpecConfig(selection="calibrated")``. ``mesh``: parameters placed by
     :func:`jspec.sharding.drafter_shardings` (a jspec Orbax drafter is restored straight into
-    them; HF layouts are read whole, then placed).
+    them; HF layouts are read slice by slice into them).
     """
     drafter = _load_drafter(path, target_config, dtype, kind=kind, aux_layers=aux_layers,
                             mesh=mesh)
@@ -542,15 +545,22 @@ def _load_drafter(path, target_config, dtype=None, *, kind=None, aux_layers=None
                 raise CheckpointError(f"checkpoint is missing tensor {ts.prefix + name!r} "
                                       f"(expected shape {want})")
             check_shape(ts.prefix + name, want, ts.shape(name))
-        flat = {}
+        flat, sh = {}, None
+        if mesh is not None:      # each device's block read by slice, as the target's
+            from jspec.sharding import drafter_shardings
+            sh = flatten(drafter_shardings(Drafter(module, unflatten(expected)), target, mesh))
         for name, p, t in table:
-            arr = np.asarray(ts.get(name))
-            flat[p] = to_param(arr.T if t else arr, np.dtype(expected[p].dtype).name)
+            dt = np.dtype(expected[p].dtype).name
+            if sh is not None:
+                flat[p] = ts.sharded(name, sh[p], dt, t)
+            else:
+                arr = np.asarray(ts.get(name))
+                flat[p] = to_param(arr.T if t else arr, dt)
     params = unflatten(flat)
     params.update(extra)
     module.validate(target, params)                 # index maps (d2t, token_map)
     drafter = Drafter(module, params, source=str(d))
-    if mesh is not None:
+    if mesh is not None:          # the small maps in ``extra`` are replicated
         from jspec.sharding import shard_drafter
         drafter = shard_drafter(drafter, target, mesh)
     return drafter
