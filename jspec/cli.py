@@ -44,8 +44,8 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     add_kernels_arg(p)
     sp = p.add_argument_group("speculative decoding")
     sp.add_argument("--drafter", help="drafter checkpoint (HF EAGLE/EAGLE-3/Medusa/MTP layout or "
-                    "jspec Orbax), or random:KIND[:DRAFT_VOCAB] (eagle1|eagle3|mtp|medusa) for "
-                    "random weights")
+                    "jspec Orbax), random:KIND[:DRAFT_VOCAB] (eagle1|eagle3|mtp|medusa) for "
+                    "random weights, or ngram[:MIN_N:MAX_N] for prompt lookup (no weights)")
     sp.add_argument("--spec-steps", type=int, help="S: tree depth / draft steps")
     sp.add_argument("--spec-topk", type=int, help="K: branching per step (1 = chain)")
     sp.add_argument("--spec-draft-tokens", type=int, help="N: tree nodes including the root")
@@ -73,6 +73,9 @@ def load_drafter_arg(spec: str, target):
     """A checkpoint directory, or ``random:KIND[:DRAFT_VOCAB]`` for random weights."""
     from jspec import drafters
 
+    if spec == "ngram" or spec.startswith("ngram:"):
+        n = [int(x) for x in spec.split(":")[1:]]
+        return drafters.ngram_drafter(target.config, *n)
     if spec.startswith("random:"):
         kind, *vd = spec.split(":")[1:]
         kw = {"vocab_size": int(vd[0])} if vd else {}

@@ -1,5 +1,5 @@
 """Drafters behind one protocol (see :mod:`jspec.drafters.base`): Medusa, EAGLE-1,
-EAGLE-3, MTP, and an oracle for tests and benchmarks."""
+EAGLE-3, MTP, n-gram prompt lookup (no weights), and an oracle for tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from jspec.drafters.eagle1 import Eagle1
 from jspec.drafters.eagle3 import Eagle3, default_aux_layers
 from jspec.drafters.medusa import Medusa
 from jspec.drafters.mtp import MTP
+from jspec.drafters.ngram import NGram
 from jspec.drafters.oracle import Oracle
 from jspec.spec_config import SpecConfig
 
@@ -24,6 +25,7 @@ DEFAULT_SPECS = {
     "mtp": SpecConfig.chain(3),
     "medusa": None,                 # Medusa's own 63-node tree
     "oracle": SpecConfig(5, 4, 8),
+    "ngram": SpecConfig.chain(4),
 }
 
 
@@ -61,6 +63,11 @@ class Drafter:
                 and PARAM_KEY in self.params and hasattr(self.module, "draft_pool"):
             return spec.with_selection("calibrated")
         return spec
+
+
+def ngram_drafter(target_cfg: LlamaConfig, min_n: int = 1, max_n: int = 4) -> Drafter:
+    """Prompt lookup (:class:`NGram`): works with any target, nothing to load."""
+    return Drafter(NGram(target_cfg.vocab_size, min_n, max_n), {})
 
 
 def draft_layer_config(target: LlamaConfig, **overrides) -> LlamaConfig:
@@ -101,6 +108,7 @@ def random_drafter(kind: str, target_cfg: LlamaConfig, key=None, **kw) -> Drafte
 from jspec.drafters.checkpoint import (detect_drafter_kind, load_drafter, save_drafter,  # noqa: E402
                                        save_hf_drafter)
 
-__all__ = ["Drafter", "DrafterMismatchError", "Eagle1", "Eagle3", "MTP", "Medusa", "Oracle",
+__all__ = ["Drafter", "DrafterMismatchError", "Eagle1", "Eagle3", "MTP", "Medusa", "NGram",
+           "Oracle", "ngram_drafter",
            "DEFAULT_SPECS", "random_drafter", "draft_layer_config", "default_aux_layers",
            "load_drafter", "save_drafter", "save_hf_drafter", "detect_drafter_kind"]
