@@ -70,7 +70,8 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
 
 
 def load_drafter_arg(spec: str, target):
-    """A checkpoint directory, or ``random:KIND[:DRAFT_VOCAB]`` for random weights."""
+    """A checkpoint directory, ``random:KIND[:DRAFT_VOCAB]`` for random weights, or
+    ``ngram[:MIN_N:MAX_N]`` for prompt lookup."""
     from jspec import drafters
 
     if spec == "ngram" or spec.startswith("ngram:"):

@@ -66,7 +66,9 @@ def test_greedy_identical_to_plain(stories, drafters, kind, mode, size):
         assert sum(st["accept_hist"]) == st["iterations"]
 
 
-@pytest.mark.parametrize("kind,mode", [("eagle3", "default"), ("eagle1", "wide"), ("mtp", "wide")])
+@pytest.mark.parametrize("kind,mode", [("eagle3", "default"),
+                                       pytest.param("eagle1", "wide", marks=pytest.mark.slow),
+                                       pytest.param("mtp", "wide", marks=pytest.mark.slow)])
 def test_greedy_identical_under_calibrated_selection(stories, drafters, rank_table, kind, mode):
     """Acceptance-aware selection drafts other trees (tests/test_calibration.py shows they
     differ); the output must not change."""

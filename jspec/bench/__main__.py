@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--new-tokens", type=int, default=128)
     s.add_argument("--prompt-len", type=int, default=32)
     s.add_argument("--drafter", metavar="PATH", nargs="+", default=[],
-                   help="drafter checkpoints (jspec Orbax or HF EAGLE/EAGLE-3/Medusa/MTP layouts)")
+                   help="drafter checkpoints (jspec Orbax or HF EAGLE/EAGLE-3/Medusa/MTP layouts), "
+                        "or ngram[:MIN_N:MAX_N] (prompt lookup)")
     s.add_argument("--kinds", nargs="*", default=None,
                    help="random-weight drafters to run (default: all four, none with --prompts; "
                         "the oracle runs unless --prompts)")

@@ -139,8 +139,10 @@ def make_random_drafter(kind: str, cfg, seed: int = 0):
 
 
 def load_checkpoint_drafters(paths: Sequence[str], target: Target) -> list:
-    from jspec.drafters import load_drafter
-    return [(os.path.basename(os.path.normpath(p)), load_drafter(p, target.config)) for p in paths]
+    """Checkpoint directories, or any ``--drafter`` form the CLI takes (``ngram[:MIN:MAX]``,
+    ``random:KIND``)."""
+    from jspec.cli import load_drafter_arg
+    return [(os.path.basename(os.path.normpath(p)), load_drafter_arg(p, target)) for p in paths]
 
 
 # --------------------------------------------------------------------------- part A
