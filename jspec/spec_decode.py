@@ -57,7 +57,6 @@ class SpecState:
     iterations: Int["B"]             # verify passes while the row was live
     accept_hist: Int["B A1"]         # accept_hist[b, n] = iterations that emitted n tokens
     row_keys: Key["B"]
-    step: Int[""]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,8 +188,7 @@ class SpecDecoder:
                                          toks, n)
         hist = s.accept_hist.at[jnp.arange(toks.shape[0]), n].add(live.astype(jnp.int32))
         s = s.replace(cache=cache, draft=dstate, root=jnp.where(live, bonus, s.root),
-                      iterations=s.iterations + live.astype(jnp.int32), accept_hist=hist,
-                      step=s.step + 1)
+                      iterations=s.iterations + live.astype(jnp.int32), accept_hist=hist)
         return self.emit(s, toks, n, stop_ids, max_new)
 
     def iterate(self, params, dparams, s: SpecState, stop_ids, max_new) -> SpecState:
@@ -217,7 +215,7 @@ class SpecDecoder:
             num_generated=jnp.zeros((B,), jnp.int32), done=max_new <= 0,
             stop_reason=jnp.where(max_new <= 0, MAX_NEW_TOKENS, RUNNING),
             iterations=jnp.zeros((B,), jnp.int32), accept_hist=jnp.zeros((B, S + 2), jnp.int32),
-            row_keys=row_keys, step=jnp.zeros((), jnp.int32))
+            row_keys=row_keys)
         return self.emit(s, first[:, None], jnp.ones((B,), jnp.int32), stop_ids, max_new)
 
     @functools.partial(jax.jit, static_argnames=("self",))

@@ -2,7 +2,7 @@
 target's (after temperature / top-k / top-p, see :func:`jspec.sampling.target_probs`).
 
 Randomness comes in as uniforms in [0, 1) so that the reference, the Pallas kernel
-and the tests can share them; ``*_from_key`` helpers draw them.
+and the tests can share them.
 
 Tree rule, for drafts that are deterministic (top-K) children: at the current node
 with target distribution p, try its children in order; child token x is accepted
@@ -107,10 +107,3 @@ def chain_sample_walk(tokens: jax.Array, probs: jax.Array, draft_probs: jax.Arra
     k = jnp.arange(S1, dtype=jnp.int32)[None]
     index = jnp.where(k < n[:, None], k, -1)
     return index, n, categorical_from_uniform(r, u_bonus)
-
-
-def tree_sample_walk_from_key(tree: DraftTree, probs, key, max_depth: int):
-    ka, kb = jax.random.split(key)
-    B, N = tree.tokens.shape
-    return tree_sample_walk(tree, probs, jax.random.uniform(ka, (B, N)),
-                            jax.random.uniform(kb, (B,)), max_depth)
