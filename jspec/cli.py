@@ -130,9 +130,7 @@ def run_generate(args) -> int:
         prompts = prompts[i * n // p:(i + 1) * n // p]          # this process's rows
     drafter = spec = None
     if args.drafter:
-        drafter = load_drafter_arg(args.drafter, target)
-        if mesh is not None:
-            drafter = sharding.shard_drafter(drafter, target.config, mesh)
+        drafter = load_drafter_arg(args.drafter, target)     # generate places it on the mesh
         spec = spec_from_args(args, drafter)
     res = jspec.generate(target, prompts, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

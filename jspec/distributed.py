@@ -68,11 +68,14 @@ def allgather(x) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(np.asarray(x)))
 
 
-def agree_rows(batch: int) -> None:
-    rows = allgather(np.int32(batch))
-    if len(set(rows.tolist())) != 1:
+def agree(batch: int, sizes) -> tuple[int, ...]:
+    """One gather over the processes: refuses unequal row counts and returns the maxima of
+    ``sizes`` (longest prompt, most new tokens, ...), so every process compiles one shape."""
+    got = allgather(np.array([batch, *sizes], np.int64))
+    if len(set(got[:, 0].tolist())) != 1:
         raise ValueError(f"every process must bring the same number of prompts; got "
-                         f"{rows.tolist()} per process")
+                         f"{got[:, 0].tolist()} per process")
+    return tuple(int(v) for v in got[:, 1:].max(0))
 
 
 def global_rows(mesh, local: np.ndarray):

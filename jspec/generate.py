@@ -27,7 +27,7 @@ from jspec.kernels import check_mode as check_kernels, resolve as resolve_kernel
 from jspec.sampling import SamplingConfig
 from jspec.spec_config import SpecConfig
 from jspec.spec_decode import SpecDecoder, tree_shape
-from jspec.sharding import batch_sharding, shard_drafter
+from jspec.sharding import batch_sharding
 from jspec.target import Target
 from jspec.tree.calibration import check as check_selection
 
@@ -201,9 +201,10 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
             raise ValueError(f"batch of {B} rows does not split over the mesh's "
                              f"data axis of size {shards}" +
                              (" on this process" if multi else ""))
+    stops = _stop_ids(target, stop_ids, B)
     if multi:
-        dist.agree_rows(B)
-        agreed = tuple(int(v) for v in dist.allgather([lens.max(), limits.max()]).max(0))
+        *agreed, width = dist.agree(B, [lens.max(), limits.max(), stops.shape[1]])
+        stops = np.pad(stops, ((0, 0), (0, width - stops.shape[1])), constant_values=-1)
     T, cap_new, num_pages, page_table = _admit(lens, limits, overshoot, prompt_bucket, max_len,
                                                page_size, num_pages, shards, agreed)
     kernels = resolve_kernels(kernels, target.config, page_size=page_size,
@@ -217,11 +218,8 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     if key is None:
         key = jax.random.key(seed)
 
-    stops = _stop_ids(target, stop_ids, B)
     rows = [prompt, lens, page_table, stops, limits]
     if multi:
-        width = int(dist.allgather(np.int32(stops.shape[1])).max())
-        rows[3] = np.pad(stops, ((0, 0), (0, width - stops.shape[1])), constant_values=-1)
         rows = [dist.global_rows(mesh, x) for x in rows]
     elif mesh is not None:
         rows = [jax.device_put(x, batch_sharding(mesh, x.ndim)) for x in rows]
@@ -237,9 +235,8 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
         iters = state.num_generated
         hist = None
     else:
-        served = drafter.serving          # validated above in its checkpoint layout
-        if mesh is not None:              # its layers sharded like the target's
-            served = shard_drafter(served, target.config, mesh)
+        # Validated above in its checkpoint layout; on a mesh, sharded like the target's layers.
+        served = drafter.serving if mesh is None else drafter.on_mesh(target.config, mesh)
         dec = SpecDecoder(target.config, served.module, spec, sampling, cap_new, page_size,
                           num_pages, float(forced_accept), mesh, kernels)
         args = (target.serving_params, served.params, prompt_d, lens_d, table_d, table_d, stop_d,

@@ -95,10 +95,8 @@ def parse_shape(text: str) -> SpecConfig:
 def selections_for(drafter) -> tuple[str, ...]:
     """The node-selection policies a drafter can run: calibrated too when it carries a table
     (``python -m jspec.train calibrate``)."""
-    from jspec.tree.calibration import PARAM_KEY
-    params = drafter.params
-    return ("eagle2", "calibrated") if isinstance(params, dict) and PARAM_KEY in params \
-        else ("eagle2",)
+    from jspec.tree.calibration import table_of
+    return ("eagle2", "calibrated") if table_of(drafter) is not None else ("eagle2",)
 
 
 # --------------------------------------------------------------------------- costs
@@ -198,9 +196,8 @@ def predict_accept(target, drafter, grid: Sequence[SpecConfig], seqs, *, starts=
     passed as ``profile`` receives the acceptance profile (:func:`acceptance_profile`)."""
     if forced_accept:
         return {shape(sp): min(float(forced_accept), sp.num_steps + 1.0) for sp in grid}
-    from jspec.train.acceptance import TeacherForced
-    m = drafter.module
-    aux = tuple(m.aux_layers) if getattr(m, "feature_source", "final") == "aux" else None
+    from jspec.train.acceptance import TeacherForced, aux_layers_of
+    aux = aux_layers_of(drafter.module)
     depth = max([sp.num_steps for sp in grid] + [PROFILE_SPEC.num_steps])
     tf = TeacherForced(target, seqs, aux_layers=aux, stride=stride, starts=starts, max_depth=depth)
     if profile is not None:

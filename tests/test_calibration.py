@@ -14,7 +14,7 @@ from jspec.llama import init_params
 from jspec.spec_config import SpecConfig
 from jspec.train.acceptance import TeacherForced
 from jspec.tree import calibration as C
-from jspec.tree.select import CandidatePool, select_pool
+from jspec.tree.select import select_pool
 
 
 def true_rate(step, rank, q):

@@ -35,12 +35,11 @@ from collections import Counter
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jspec.bench import common, configs
-from jspec.bench.anatomy import (Setup, _called, _loop_trips, _shape_key, abstract_drafter,
+from jspec.bench.anatomy import (Setup, _called, _loop_trips, abstract_drafter,
                                  abstract_target_params, parse_hlo, parse_spec)
 from jspec.platform import building_for
 from jspec.sampling import SamplingConfig
@@ -188,6 +187,8 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
                                 packed_param_shardings)
 
     data, model = mesh.shape["data"], mesh.shape["model"]
+    if kind is None:
+        raise ValueError("plan compiles the speculative program: pass a drafter kind")
     if batch % data:
         raise ValueError(f"batch {batch} does not split over data={data}")
     setup = Setup(cfg, batch, context, max_new, page_size)
@@ -198,9 +199,7 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
     memory = []
 
     def add(what, tree, shardings):
-        leaves = jax.tree.leaves(tree)
-        shards = jax.tree.leaves(shardings) if not isinstance(shardings, NamedSharding) \
-            else [shardings] * len(leaves)
+        leaves, shards = jax.tree.leaves(tree), jax.tree.leaves(shardings)
         per = sum(_shard_bytes(a, s) for a, s in zip(leaves, shards))
         total = sum(int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize
                     for a in leaves)
@@ -212,11 +211,9 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
                        "MB/device": per / 2**20, "MB total": total / 2**20})
 
     add("target params", params, pshard)
-    info = {"config": cfg.num_layers, "mesh": f"{data}x{model}", "batch": batch,
-            "context": context, "max_new": max_new, "dtype": cfg.dtype, "traced_for": platform}
-    info["config"] = f"{cfg.num_layers}L h{cfg.hidden_size} V{cfg.vocab_size}"
-    if kind is None:
-        raise ValueError("plan compiles the speculative program: pass a drafter kind")
+    info = {"config": f"{cfg.num_layers}L h{cfg.hidden_size} V{cfg.vocab_size}",
+            "mesh": f"{data}x{model}", "batch": batch, "context": context, "max_new": max_new,
+            "dtype": cfg.dtype, "traced_for": platform}
     kw = {"vocab_size": draft_vocab} if draft_vocab else {}
     drafter = abstract_drafter(kind, cfg, **kw)
     spec = spec if spec is not None else drafter.default_spec

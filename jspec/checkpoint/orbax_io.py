@@ -97,13 +97,11 @@ def restore_numpy(ckptr, pdir, paths) -> dict:
     return raw
 
 
-def restore_sharded(ckptr, pdir, cfg, mesh, stored) -> dict:
-    """Restore into :func:`jspec.sharding.param_shardings` on ``mesh``, cast to ``cfg.dtype``;
-    closes ``ckptr``."""
-    from jspec.sharding import param_shardings
-    sh = flatten(param_shardings(cfg, mesh))
-    args = unflatten({p: ocp.ArrayRestoreArgs(sharding=sh[p], dtype=jnp.dtype(cfg.dtype))
-                      for p in stored})
+def restore_sharded(ckptr, pdir, shardings: dict, dtypes: dict) -> dict:
+    """Restore the flat paths of ``shardings`` straight into those shardings (Orbax reads the
+    blocks this process's devices hold), cast to ``dtypes[path]``; closes ``ckptr``."""
+    args = unflatten({p: ocp.ArrayRestoreArgs(sharding=sh, dtype=jnp.dtype(dtypes[p]))
+                      for p, sh in shardings.items()})
     raw = flatten(ckptr.restore(pdir, args=ocp.args.PyTreeRestore(restore_args=args)))
     ckptr.close()
     return raw
@@ -131,7 +129,10 @@ def load_orbax(path: str | os.PathLike, dtype=None, progress: Progress | None = 
     if extra:
         raise CheckpointError(f"checkpoint has tensors the config does not: {extra[:5]}")
     if mesh is not None:
-        flat = restore_sharded(ckptr, pdir, cfg, mesh, stored)
+        from jspec.sharding import param_shardings
+        sh = flatten(param_shardings(cfg, mesh))
+        flat = restore_sharded(ckptr, pdir, {p: sh[p] for p in stored},
+                               {p: cfg.dtype for p in stored})
     else:
         raw = restore_numpy(ckptr, pdir, stored)
         flat = {p: to_param(raw[p], cfg.dtype)

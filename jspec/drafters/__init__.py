@@ -51,16 +51,25 @@ class Drafter:
             return self
         return Drafter(*self.module.serving(self.params), source=self.source)
 
+    def on_mesh(self, target_cfg: LlamaConfig, mesh) -> "Drafter":
+        """:attr:`serving` placed on ``mesh`` (:func:`jspec.sharding.shard_drafter`), made once
+        per mesh and kept, so repeated ``generate`` calls do not copy the drafter again."""
+        placed = self.__dict__.setdefault("_on_mesh", {})
+        if mesh not in placed:
+            from jspec.sharding import shard_drafter
+            placed[mesh] = shard_drafter(self.serving, target_cfg, mesh)
+        return placed[mesh]
+
     @property
     def default_spec(self) -> SpecConfig | None:
         """The kind's default tree (:data:`DEFAULT_SPECS`), under calibrated node selection
         when the drafter carries a calibration table (``jspec_calibration.json``, see
         :mod:`jspec.tree.calibration`): it drafts the same number of nodes at the same cost
         and measured +10-13% more tokens per verify on the shipped model's EAGLE-3."""
-        from jspec.tree.calibration import PARAM_KEY
+        from jspec.tree.calibration import table_of
         spec = DEFAULT_SPECS[self.kind]
-        if spec is not None and not spec.is_chain and isinstance(self.params, dict) \
-                and PARAM_KEY in self.params and hasattr(self.module, "draft_pool"):
+        if spec is not None and not spec.is_chain and table_of(self) is not None \
+                and hasattr(self.module, "draft_pool"):
             return spec.with_selection("calibrated")
         return spec
 

@@ -66,7 +66,7 @@ from safetensors.numpy import save_file
 
 from jspec.checkpoint.common import CheckpointError, check_shape, flatten, path_str, to_param, unflatten
 from jspec.checkpoint.hf import SafetensorsDir
-from jspec.checkpoint.orbax_io import move_into_place, restore_numpy
+from jspec.checkpoint.orbax_io import move_into_place, restore_numpy, restore_sharded
 from jspec.config import ConfigError, LlamaConfig, rope_from_hf
 from jspec.drafters import Drafter, draft_layer_config
 from jspec.drafters.base import DrafterMismatchError
@@ -673,9 +673,7 @@ def _load_orbax(d: Path, target: LlamaConfig, dtype: str, mesh=None) -> Drafter:
         from jspec.sharding import drafter_shardings
         shapes = unflatten({p: jax.ShapeDtypeStruct(stored[p].shape, want[p]) for p in stored})
         sh = flatten(drafter_shardings(Drafter(module, shapes), target, mesh))
-        args = unflatten({p: ocp.ArrayRestoreArgs(sharding=sh[p], dtype=want[p]) for p in stored})
-        params = ckptr.restore(pdir, args=ocp.args.PyTreeRestore(restore_args=args))
-        ckptr.close()
+        params = unflatten(restore_sharded(ckptr, pdir, sh, want))
     else:
         raw = restore_numpy(ckptr, pdir, stored)
         params = unflatten({p: to_param(arr, want[p].name) for p, arr in raw.items()})

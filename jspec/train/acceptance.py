@@ -57,6 +57,11 @@ def _depth(module, spec) -> int:
     return spec.num_steps
 
 
+def aux_layers_of(module):
+    """The aux layers a drafter reads (EAGLE-3), for :class:`TeacherForced`; None otherwise."""
+    return tuple(module.aux_layers) if getattr(module, "feature_source", "final") == "aux" else None
+
+
 # ------------------------------------------------------------------ end to end
 def e2e_accept(target, drafter: Drafter, prompts, spec, max_new_tokens: int = 128) -> float:
     import jspec
@@ -130,8 +135,7 @@ class TeacherForced:
         from jspec import kv_cache as kvc
         from jspec.drafters.base import top_k_logprobs
         from jspec.llama import Llama
-        from jspec.tree.calibration import node_scores
-        from jspec.tree.select import CandidatePool, expand_frontier, pool_offset, pool_parent_index
+        from jspec.tree.select import grow_pool
         cfg, ps, B = self.target.config, self.page_size, self.chunk
         S, K = spec.num_steps, spec.topk
         Tt = self.tokens.shape[1] + S
@@ -149,29 +153,17 @@ class TeacherForced:
 
         def pool(dparams, tparams, x, lens, root):
             x = jnp.pad(x, ((0, 0), (0, S)))                    # root = x[L] sits at L = lens
-            logq0, tok0 = top_k_logprobs(logits_at(tparams, x, lens), K)
-            score0 = node_scores(spec.selection, logq0, 0, dparams)
-            f_scores, f_idx = score0, jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K))
-            paths = jnp.zeros((B, K, S), jnp.int32).at[:, :, 0].set(tok0)
-            parts = [(tok0, score0, logq0, jnp.full((B, K), -1, jnp.int32))]
             j = jnp.arange(Tt)[None] - (lens + 1)[:, None]         # path offset of each position
-            for s in range(1, S):
-                inside = (j >= 0) & (j < s)
-                seqs = jnp.where(inside[:, None], jnp.take_along_axis(
-                    paths, jnp.clip(j, 0, S - 1)[:, None].repeat(K, 1), axis=2), x[:, None])
+
+            def children(s, paths):                              # paths [B, K, s] after the root
+                inside = ((j >= 0) & (j < s))[:, None]
+                seqs = jnp.where(inside, jnp.take_along_axis(
+                    paths, jnp.clip(j, 0, s - 1)[:, None].repeat(K, 1), axis=2), x[:, None])
                 logits = jax.lax.map(lambda q: logits_at(tparams, q, lens + s),
                                      jnp.moveaxis(seqs, 1, 0))
-                c_logq, c_tok = top_k_logprobs(jnp.moveaxis(logits, 0, 1), K)   # [B, K, K]
-                scores, keep = expand_frontier(f_scores,
-                                               node_scores(spec.selection, c_logq, s, dparams))
-                toks = c_tok.reshape(B, K * K)
-                parts.append((toks, scores, c_logq.reshape(B, K * K), pool_parent_index(f_idx, K)))
-                paths = jnp.take_along_axis(paths, (keep // K)[..., None], axis=1)
-                paths = paths.at[:, :, s].set(jnp.take_along_axis(toks, keep, 1))
-                f_scores = jnp.take_along_axis(scores, keep, 1)
-                f_idx = pool_offset(s, K) + keep
-            tok, score, logq, par = (jnp.concatenate(p, 1) for p in zip(*parts))
-            return CandidatePool(tokens=tok, scores=score, logq=logq, parents=par)
+                return top_k_logprobs(jnp.moveaxis(logits, 0, 1), K)          # [B, K, K]
+            logq0, tok0 = top_k_logprobs(logits_at(tparams, x, lens), K)
+            return grow_pool(tok0, logq0, children, S, spec.selection, dparams)
         return pool
 
     def _fn(self, module, spec, what: str):
@@ -296,7 +288,7 @@ def acceptance_table(target, drafters: dict, prompts, heldout_seqs, *, max_new_t
     tf_cache = {}
     for name, d in drafters.items():
         kind = d.module.kind
-        aux = tuple(d.module.aux_layers) if d.module.feature_source == "aux" else None
+        aux = aux_layers_of(d.module)
         for mode, spec in MODES[kind].items():
             if mode not in modes:
                 continue

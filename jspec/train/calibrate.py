@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from jspec.spec_config import SpecConfig
-from jspec.train.acceptance import TeacherForced, spec_name
+from jspec.train.acceptance import TeacherForced, aux_layers_of, spec_name
 from jspec.tree import calibration as C
 
 CALIBRATION_SPEC = SpecConfig(7, 8, 64)
@@ -29,8 +29,8 @@ CEILING_SPECS = (SpecConfig(5, 4, 8),)
 
 
 def _teacher_forced(target, drafter, seqs, stride, depth):
-    aux = tuple(drafter.module.aux_layers) if drafter.module.feature_source == "aux" else None
-    return TeacherForced(target, seqs, aux_layers=aux, stride=stride, max_depth=depth)
+    return TeacherForced(target, seqs, aux_layers=aux_layers_of(drafter.module), stride=stride,
+                         max_depth=depth)
 
 
 def fit_records(rec: dict, **kw) -> tuple[np.ndarray, dict]:

@@ -36,8 +36,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.spec_config import SELECTIONS
-
 FILENAME = "jspec_calibration.json"
 PARAM_KEY = "calibration"       # where a drafter's params carry the table for the draft loop
 FLOOR = 1e-4                    # rates never reach 0: a log-rate stays finite and ordered
@@ -87,18 +85,22 @@ def check(drafter, spec) -> None:
         raise CalibrationError(
             f"selection={spec.selection!r} ranks the candidates of a dynamic (EAGLE-2) tree; a "
             f"{drafter.kind} drafter drafts a fixed tree (use eagle1, eagle3 or mtp)")
-    if spec.selection == "calibrated":
-        params = drafter.params
-        table = params.get(PARAM_KEY) if isinstance(params, dict) else None
-        if table is None:
-            raise CalibrationError(
-                "selection='calibrated' needs the drafter's calibration table: run "
-                "`python -m jspec.train calibrate --target T --drafter D --heldout-seqs S` "
-                f"(writes D/{FILENAME}, which load_drafter reads) or attach one with "
-                "jspec.tree.calibration.attach")
-        if np.ndim(table) != 3:
-            raise CalibrationError(f"calibration table must be [depth, rank, bins], got shape "
-                                   f"{np.shape(table)}")
+    table = table_of(drafter)
+    if table is None:
+        raise CalibrationError(
+            "selection='calibrated' needs the drafter's calibration table: run "
+            "`python -m jspec.train calibrate --target T --drafter D --heldout-seqs S` "
+            f"(writes D/{FILENAME}, which load_drafter reads) or attach one with "
+            "jspec.tree.calibration.attach")
+    if np.ndim(table) != 3:
+        raise CalibrationError(f"calibration table must be [depth, rank, bins], got shape "
+                               f"{np.shape(table)}")
+
+
+def table_of(drafter):
+    """The calibration table a drafter carries in its params, or None."""
+    params = drafter.params
+    return params.get(PARAM_KEY) if isinstance(params, dict) else None
 
 
 def attach(drafter, table):

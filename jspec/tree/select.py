@@ -112,6 +112,31 @@ def select_pool(root_token: jax.Array, pool: CandidatePool, num_nodes: int, max_
     return select_tree(root_token, pool.tokens, pool.scores, pool.parents, num_nodes, max_depth)
 
 
+def grow_pool(tok0: jax.Array, logq0: jax.Array, children, num_steps: int,
+              selection: str = "eagle2", params=None) -> CandidatePool:
+    """EAGLE-2's frontier recurrence, unrolled in Python, for drafters without a loop of their
+    own (tests, the target-as-drafter ceiling). ``tok0, logq0 [B, K]``: the root's children;
+    ``children(s, paths)`` -> ``(logq, tokens) [B, K, K]``: the top-K children of the frontier
+    paths ``paths [B, K, s]`` (their tokens, root excluded) at step ``s``. Scores under
+    ``selection`` (:func:`jspec.tree.calibration.node_scores`)."""
+    from jspec.tree.calibration import node_scores
+    B, K = tok0.shape
+    score0 = node_scores(selection, logq0, 0, params)
+    parts = [(tok0, score0, logq0, jnp.full((B, K), -1, jnp.int32))]
+    f_scores, f_idx, paths = score0, jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K)), \
+        tok0[:, :, None]
+    for s in range(1, num_steps):
+        c_logq, c_tok = children(s, paths)
+        scores, keep = expand_frontier(f_scores, node_scores(selection, c_logq, s, params))
+        toks = c_tok.reshape(B, K * K)
+        parts.append((toks, scores, c_logq.reshape(B, K * K), pool_parent_index(f_idx, K)))
+        paths = jnp.concatenate([jnp.take_along_axis(paths, (keep // K)[..., None], axis=1),
+                                 jnp.take_along_axis(toks, keep, 1)[..., None]], axis=2)
+        f_scores, f_idx = jnp.take_along_axis(scores, keep, 1), pool_offset(s, K) + keep
+    tok, score, logq, par = (jnp.concatenate(x, 1) for x in zip(*parts))
+    return CandidatePool(tokens=tok, scores=score, logq=logq, parents=par)
+
+
 def eagle2_tree(root_token: jax.Array, step_tokens: jax.Array, step_logp: jax.Array,
                 num_nodes: int):
     """EAGLE-2 from a whole draft run at once (tests, and drafters without a loop).
@@ -120,18 +145,7 @@ def eagle2_tree(root_token: jax.Array, step_tokens: jax.Array, step_logp: jax.Ar
     the K frontier paths (at step 0 only row 0 is used: the root's children). Runs the
     same frontier recurrence as the draft loop and returns ``(tree, closed)``.
     """
-    B, S, K, _ = step_tokens.shape
-    scores0 = step_logp[:, 0, 0]
-    pool_tok, pool_sc, pool_par = [step_tokens[:, 0, 0]], [scores0], [jnp.full((B, K), -1, jnp.int32)]
-    frontier_scores = scores0
-    frontier_idx = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K))  # pool indices
-    for s in range(1, S):
-        child_scores, keep = expand_frontier(frontier_scores, step_logp[:, s])
-        toks = step_tokens[:, s].reshape(B, K * K)
-        pool_tok.append(toks)
-        pool_sc.append(child_scores)
-        pool_par.append(pool_parent_index(frontier_idx, K))
-        frontier_scores = jnp.take_along_axis(child_scores, keep, axis=1)
-        frontier_idx = pool_offset(s, K) + keep
-    return select_tree(root_token, jnp.concatenate(pool_tok, 1), jnp.concatenate(pool_sc, 1),
-                       jnp.concatenate(pool_par, 1), num_nodes, S)
+    S = step_tokens.shape[1]
+    pool = grow_pool(step_tokens[:, 0, 0], step_logp[:, 0, 0],
+                     lambda s, _: (step_logp[:, s], step_tokens[:, s]), S)
+    return select_pool(root_token, pool, num_nodes, S)
