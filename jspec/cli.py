@@ -71,12 +71,14 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
 
 def load_drafter_arg(spec: str, target):
     """A checkpoint directory, ``random:KIND[:DRAFT_VOCAB]`` for random weights, or
-    ``ngram[:MIN_N:MAX_N]`` for prompt lookup."""
+    ``KIND[:ARGS]`` for a kind made from arguments (``ngram[:MIN_N:MAX_N]`` prompt lookup,
+    ``model:PATH`` an independent draft model; see each kind's registry entry)."""
     from jspec import drafters
 
-    if spec == "ngram" or spec.startswith("ngram:"):
-        n = [int(x) for x in spec.split(":")[1:]]
-        return drafters.ngram_drafter(target.config, *n)
+    name, _, rest = spec.partition(":")
+    entry = drafters.registry.KINDS.get(name)
+    if entry is not None and entry.from_arg is not None:
+        return drafters.Drafter(*entry.from_arg(rest, target))
     if spec.startswith("random:"):
         kind, *vd = spec.split(":")[1:]
         kw = {"vocab_size": int(vd[0])} if vd else {}
@@ -179,13 +181,18 @@ def default_model() -> Path:
         "../shared/models/stories260K is absent. Pass --model PATH (see README: 'Getting a model').")
 
 
+def _shippable_kinds() -> tuple[str, ...]:
+    from jspec.drafters import registry
+    return registry.names(lambda k: k.saveable)
+
+
 def add_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="default: checkpoints/default/target, else stories260K")
     p.add_argument("--prompt", default=None, help="default: 'import os\\n' for the shipped "
                    "model (it writes Python), 'Once upon a time' otherwise")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--drafter", default=None, choices=["eagle3", "eagle1", "mtp", "medusa"],
+    p.add_argument("--drafter", default=None, choices=_shippable_kinds(),
                    help="calibrate this shipped drafter only (default: all of them)")
     p.add_argument("--recalibrate", action="store_true",
                    help="measure the drafter/tree pick again instead of reading the stored one")

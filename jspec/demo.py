@@ -35,7 +35,9 @@ from typing import Callable
 
 import jax
 
-DRAFTER_ORDER = ("eagle3", "eagle1", "mtp", "medusa")
+from jspec.drafters import registry
+
+DRAFTER_ORDER = registry.names(lambda k: k.saveable)   # the shipped drafters' directories
 FIRST_CHAIN = 4           # round 1's chain length: deep enough to see how acceptance decays
 CALIBRATION_PROMPTS = 3
 # The shipped model's most Python-like greedy text starts here (checkpoints/README.md).

@@ -185,8 +185,7 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
         spec = spec if spec is not None else drafter.default_spec
         drafter.module.validate(target.config, drafter.params)
         check_selection(drafter, spec)
-        if hasattr(drafter.module, "check_spec"):
-            drafter.module.check_spec(spec)
+        drafter.module.check_spec(spec)
         S, N = tree_shape(drafter.module, spec)
         if forced_accept and not 1.0 <= forced_accept <= S + 1:
             raise ValueError(f"forced_accept={forced_accept} must be in [1, S+1={S + 1}]")

@@ -38,11 +38,8 @@ from pallas_kernels.verify_walk import verify_walk_greedy, verify_walk_sample
 
 
 def tree_shape(drafter, spec: SpecConfig | None) -> tuple[int, int]:
-    """``(S, N)``: max tree depth and node count for this drafter and knobs."""
-    if hasattr(drafter, "tree"):                       # static-tree drafters (Medusa)
-        t = drafter.tree(spec)
-        return t.depth, t.num_nodes
-    return spec.num_steps, spec.num_draft_tokens
+    """``(S, N)``: max tree depth and node count for this drafter (architecture) and knobs."""
+    return drafter.tree_shape(spec)
 
 
 @struct.dataclass
@@ -62,7 +59,7 @@ class SpecState:
 @dataclasses.dataclass(frozen=True)
 class SpecDecoder:
     config: LlamaConfig
-    drafter: Any                     # drafter spec (frozen dataclass)
+    drafter: Any                     # the drafter's architecture (jspec.drafters.DraftModule)
     spec: SpecConfig | None
     sampling: SamplingConfig
     max_new_tokens: int
@@ -86,10 +83,7 @@ class SpecDecoder:
 
     @property
     def aux_layers(self) -> tuple[int, ...]:
-        return tuple(self.drafter.aux_layers) if self.drafter.feature_source == "aux" else ()
-
-    def features(self, hidden, aux):
-        return jnp.concatenate(aux, -1) if self.aux_layers else hidden
+        return self.drafter.target_layers
 
     # --------------------------------------------------------------- phases
     def prefill(self, params, dparams, prompt, prompt_lens, page_table, draft_table, key):
@@ -114,7 +108,8 @@ class SpecDecoder:
         nxt = jnp.where(pos == (prompt_lens - 1)[:, None], first[:, None], nxt)
         d = self.drafter
         dstate = d.init_state(B, draft_table, self.num_pages, self.page_size)
-        dstate = d.prefill(dparams, (c, params), dstate, self.features(hidden, aux), nxt, prompt_lens)
+        dstate = d.prefill(dparams, (c, params), dstate, d.features(hidden, aux, prompt), nxt,
+                          prompt_lens)
         return cache.replace(lengths=prompt_lens.astype(jnp.int32)), dstate, first, row_keys
 
     def verify(self, params, cache, tree):
@@ -124,7 +119,7 @@ class SpecDecoder:
                                      block_mask=tree.mask(), aux_layers=self.aux_layers,
                                      attention_fn=kernels.attention_fn(self.kernels))
         logits = lm_logits(self.config, params, hidden)
-        return logits, self.features(hidden, aux), cache
+        return logits, self.drafter.features(hidden, aux, tree.tokens), cache
 
     def walk(self, tree, logits, keys):
         S, _ = self.shape

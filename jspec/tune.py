@@ -54,9 +54,6 @@ COST_NODES = (2, 4, 8, 16, 32, 64)      # t_V(N) is measured here, linearly inte
 COST_TOPK = (1, 2, 4, 8)                # step(K) is measured for these K
 
 
-TUNABLE = ("eagle1", "eagle3", "mtp")
-
-
 def default_grid(max_depth: int = 7, selections: Sequence[str] = ("eagle2",)) -> list[SpecConfig]:
     """Chains of depth 1..``max_depth`` and EAGLE-2 trees (S in 3..6, K in 2, 4, 8, N in 8,
     16, 32, 64) that the knobs allow, no wider than about two levels of K: 39 shapes. Trees
@@ -313,9 +310,9 @@ def tune(target, drafter, prompts, *, batch: int = 1, new_tokens: int = 64,
     runs use the first ``batch`` of them, the calibration all of them."""
     from jspec.bench.spec import _interleaved, generate_in_turn
 
-    if drafter.kind not in TUNABLE:
-        raise ValueError(f"tune picks EAGLE-2 trees and chains for {TUNABLE} drafters; a "
-                         f"{drafter.kind} drafter is not supported")
+    if not drafter.module.has_pool:
+        raise ValueError(f"tune picks EAGLE-2 trees and chains for drafters that draft a "
+                         f"candidate pool; a {drafter.kind} drafter does not")
     grid = list(grid or default_grid(selections=selections_for(drafter)))
     if len(prompts) < batch:
         raise ValueError(f"tune needs at least batch={batch} prompts, got {len(prompts)}")

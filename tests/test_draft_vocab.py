@@ -125,7 +125,7 @@ def test_proposed_tokens_are_in_the_image(drafters, target, kind):
     B, T, page = 2, 6, 16
     pages = kvc.pages_needed(64, page)
     table = jnp.arange(B * pages, dtype=jnp.int32).reshape(B, pages)
-    width = 3 * CFG.hidden_size if m.feature_source == "aux" else CFG.hidden_size
+    width = 3 * CFG.hidden_size if m.target_layers else CFG.hidden_size
     feats = jax.random.normal(jax.random.key(1), (B, T, width), jnp.float32)
     nxt = jax.random.randint(jax.random.key(2), (B, T), 0, CFG.vocab_size)
     lens = jnp.array([T, T - 2], jnp.int32)
@@ -256,7 +256,7 @@ def _losses(ds, target, data):
     """Loss of each drafter (one spec) on batch 0, one compiled function."""
     m = ds[0].module
     batch = D.sample_batch(data, m, 0, 8, 0)
-    fn = jax.jit(lambda p, tp, b, t2d: D.drafter_loss(m, p, TCFG, tp, b, D.DEFAULT_LOSS[m.kind],
+    fn = jax.jit(lambda p, tp, b, t2d: D.drafter_loss(m, p, TCFG, tp, b, D.default_loss(m.kind),
                                                       t2d)[0])
     out = []
     for d in ds:

@@ -66,7 +66,7 @@ def test_drafter_attention_follows_the_decoder_kernels(setup, kind):
     assert dec["reference"].drafter == d.module      # the runtime field leaves equality alone
 
     c, B, T = target.config, 2, 6
-    width = (3 if d.module.feature_source == "aux" else 1) * c.hidden_size
+    width = (3 if d.module.target_layers else 1) * c.hidden_size
     feats = jax.random.normal(jax.random.key(2), (B, T, width))
     toks = jax.random.randint(jax.random.key(3), (B, T), 0, c.vocab_size)
     table = jnp.arange(B * 2, dtype=jnp.int32).reshape(B, 2)

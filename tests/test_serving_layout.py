@@ -66,7 +66,7 @@ def test_drafter_serving_layout_drafts_the_same(target_params, kind, kw):
     # Only the layout differs (it is part of the spec's hash: a different compiled program).
     assert dataclasses.replace(s.module, out_major=False) == d.module
     B, T = 2, 5
-    width = (3 if d.module.feature_source == "aux" else 1) * CFG.hidden_size
+    width = (3 if d.module.target_layers else 1) * CFG.hidden_size
     feats = jax.random.normal(jax.random.key(2), (B, T, width))
     toks = jax.random.randint(jax.random.key(3), (B, T), 0, CFG.vocab_size)
     table = jnp.arange(B * 3, dtype=jnp.int32).reshape(B, 3)

@@ -56,7 +56,7 @@ def _loss(d, target, data):
     t2d = D.draft_t2d(d.module, frozen, CFG.vocab_size)
     batch = D.sample_batch(data, d.module, 0, 8, 0)
     fn = jax.jit(lambda p, tp, b, t2d: D.drafter_loss(d.module, p, CFG, tp, b,
-                                                      D.DEFAULT_LOSS[d.module.kind], t2d)[0])
+                                                      D.default_loss(d.module.kind), t2d)[0])
     return float(fn(d.params, target.params, batch, t2d))
 
 

@@ -53,6 +53,7 @@ import numpy as np
 
 from jspec.bench import common, forward
 from jspec.bench.plain import describe, load, make_prompts
+from jspec.drafters import registry
 from jspec.spec_config import SpecConfig
 from jspec.target import Target
 
@@ -60,7 +61,7 @@ COLUMNS = ["drafter", "mode", "S,K,N", "compile s", "tokens/s", "accept len", "s
            "same tokens"]
 SIM_COLUMNS = ["E", "S,K,N", "t_V/t_1", "c", "compile s", "tokens/s", "accept len", "speedup", "ideal",
                "measured/ideal"]
-RANDOM_KINDS = ("eagle1", "eagle3", "mtp", "medusa")
+RANDOM_KINDS = registry.names(lambda k: k.needs_weights)
 SIM_SPEC = SpecConfig(5, 4, 8)
 SIM_SPECS = (SpecConfig(5, 4, 8), SpecConfig.chain(4))
 SIM_DRAFT_STEPS = 5     # S: S-1 = 4 tree-loop steps + 1 extend per verify pass
@@ -70,26 +71,17 @@ SIM_KIND, SIM_DRAFT_VOCAB = "eagle3", 8192
 # --------------------------------------------------------------------------- helpers
 def spec_shape(drafter, spec: SpecConfig | None) -> str:
     """``"S,K,N"`` of what the driver will actually run for this drafter and knobs."""
-    m = drafter.module
-    if hasattr(m, "tree"):                          # static tree (Medusa)
-        t = m.tree(spec)
-        return f"{t.depth},{t.topk},{t.num_nodes}"
     spec = spec if spec is not None else drafter.default_spec
-    return f"{spec.num_steps},{spec.topk},{spec.num_draft_tokens}"
+    S, N = drafter.module.tree_shape(spec)
+    return f"{S},{spec.topk if spec is not None else '-'},{N}"     # '-': the drafter's own tree
 
 
 def variants(drafter) -> list[tuple[str, SpecConfig | None]]:
     """``[(mode, spec)]``: a chain and a tree per drafter (see the module docstring)."""
-    kind = drafter.kind
-    if kind == "medusa":
-        return [("chain", SpecConfig.chain(drafter.module.num_heads)), ("tree", None)]
-    if kind == "mtp":
-        return [("chain", SpecConfig.chain(3)), ("tree", SpecConfig(3, 2, 6))]
-    default = drafter.default_spec or SpecConfig(5, 4, 8)
-    if default.is_chain:
-        S = default.num_steps
-        return [("chain", default), ("tree", SpecConfig(S, 2, 2 * S))]
-    return [("chain", SpecConfig.chain(4)), ("tree", default)]
+    default = drafter.default_spec
+    tree = default if default is None or not default.is_chain else drafter.entry.mode(
+        "default", drafter.module)
+    return [("chain", drafter.entry.mode("chain", drafter.module)), ("tree", tree)]
 
 
 def _interleaved(calls: Sequence, repeats: int) -> list[tuple[float, float, object]]:

@@ -1,7 +1,8 @@
-"""The drafter protocol, and the draft loop shared by the feature-recurrent drafters.
+"""The draft loop shared by the feature-recurrent drafters, and helpers every drafter uses.
 
-Every drafter is a pair: a frozen, hashable *spec* (architecture and static knobs; a
-static argument of the compiled driver) and a parameter pytree. The driver calls:
+The protocol itself is :class:`jspec.drafters.protocol.DraftModule`. Every drafter is a
+pair: a frozen, hashable *architecture* (its static fields; a static argument of the
+compiled driver) and a parameter pytree. The driver calls:
 
 - ``init_state(batch, page_table, num_pages, page_size)`` -> drafter state (inside jit);
 - ``prefill(params, target, state, feats, next_tokens, lens)`` after the target prefill:
@@ -30,7 +31,6 @@ committed length); the tree loop writes step s (depth s) into transient slots
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +38,8 @@ from flax import struct
 
 from jspec import kv_cache as kvc
 from jspec.config import LlamaConfig
+from jspec.drafters.hf_layout import draft_layer_config
+from jspec.drafters.protocol import DraftModuleDefaults
 from jspec.llama import is_packed, out_major_params
 from jspec.shapes import Float
 from jspec.spec_config import SpecConfig
@@ -97,8 +99,8 @@ class RecurrentState:
 
 
 @dataclasses.dataclass(frozen=True)
-class RecurrentDrafter:
-    """Base for EAGLE-1 / EAGLE-3 / MTP specs. Subclasses define the network."""
+class RecurrentDrafter(DraftModuleDefaults):
+    """Base for the EAGLE-1 / EAGLE-3 / MTP architectures. Subclasses define the network."""
 
     layer: LlamaConfig          # the drafter's decoder layer (num_layers = 1)
     target_vocab: int
@@ -113,9 +115,8 @@ class RecurrentDrafter:
     out_major: bool = dataclasses.field(default=False, metadata={"runtime": True})
 
     kind = "recurrent"
-    feature_source = "final"    # "final": target's post-norm hidden; "aux": concat of aux states
-    aux_layers: tuple[int, ...] = ()
     cache_layers = 1
+    has_pool = True             # draft_pool: the EAGLE-2 candidate pool
 
     # -------------------------------------------------------- network hooks
     def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
@@ -256,4 +257,11 @@ class RecurrentDrafter:
                              parents=par)
 
 
-Drafter = Any  # a spec object implementing the protocol above
+def random_recurrent(cls, defaults=lambda target_cfg: {}):
+    """A registry ``build`` for a recurrent kind: its one-layer network shaped like the
+    target's layers, random weights; ``defaults(target_cfg)`` fills fields not given."""
+    def build(target_cfg: LlamaConfig, key, **kw):
+        module = cls(draft_layer_config(target_cfg), target_cfg.vocab_size,
+                     **{**defaults(target_cfg), **kw})
+        return module, module.init_params(key, target_cfg)
+    return build

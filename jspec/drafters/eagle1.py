@@ -22,12 +22,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jspec.checkpoint.common import CheckpointError
 from jspec.config import LlamaConfig
-from jspec.drafters.base import (RecurrentDrafter, kept_rows, target_embedding, target_head,
-                                 target_head_out_major)
+from jspec.drafters import hf_layout as hf
+from jspec.drafters.base import (RecurrentDrafter, kept_rows, random_recurrent, target_embedding,
+                                 target_head, target_head_out_major)
+from jspec.drafters.registry import DrafterKind, register
 from jspec.drafters.vocab import DraftVocab, check_draft_vocab
 from jspec.kernels import attention_fn
 from jspec.llama import MLP, Attention, RMSNorm, _dense, _precision, linear
+from jspec.spec_config import SpecConfig
 
 
 class Eagle1Net(nn.Module):
@@ -93,3 +97,42 @@ class Eagle1(DraftVocab, RecurrentDrafter):
                     else target_head(target_cfg, target_params))
             logits = kept_rows(out, keep) @ head.astype(out.dtype)
         return out, logits.astype(jnp.float32), cache
+
+
+# ------------------------------------------------------------------ HF layout (SafeAILab)
+TABLE = (("fc.weight", "fc/kernel", True),) + tuple(
+    (f"layers.0.{n}", p, t) for n, p, t in hf.ATTN + hf.POST_NORM + hf.MLP)
+BIAS = (("fc.bias", "fc/bias", False),)
+
+
+def _read(d, ts: hf.Tensors, target: LlamaConfig, dtype: str):
+    has_bias = "fc.bias" in ts
+    bias = d.get("bias")
+    if bias is None:
+        bias = has_bias
+    elif not bias and has_bias:
+        raise CheckpointError("checkpoint has tensor 'fc.bias' but config.json says bias=false")
+    module = Eagle1(hf.layer_config(d, target, dtype, ts.shape_or("fc.weight", 0, None)),
+                    hf.int_field(d, "vocab_size", default=target.vocab_size), fc_bias=bool(bias))
+    return module, {}, None
+
+
+def _write_config(module: Eagle1, layout, num_target_layers) -> dict:
+    hf.no_draft_vocab(module, "eagle1")
+    return {"architectures": ["EagleForCausalLM"], **hf.layer_fields(module.layer),
+            "num_hidden_layers": 1, "vocab_size": module.target_vocab, "bias": module.fc_bias}
+
+
+ENTRY = register(DrafterKind(
+    name="eagle1", module=Eagle1, default_spec=SpecConfig(5, 4, 8),
+    build=random_recurrent(Eagle1),
+    modes={"chain": SpecConfig.chain(5), "default": SpecConfig(5, 4, 8),
+           "wide": SpecConfig(6, 8, 32)},
+    loss=("recurrent", {"unroll": 2, "reg": 1.0}),
+    hf=hf.HFLayout(
+        detect_keys=lambda ks: "fc.weight" in ks and any(k.startswith("layers.0.") for k in ks),
+        detect_config=lambda d: "eagle" in " ".join(d.get("architectures") or []).lower(),
+        read=_read,
+        table=lambda m, layout, L: hf.rows(TABLE + (BIAS if m.fc_bias else ())),
+        write_config=_write_config, priority=90),
+    features="final"))

@@ -24,15 +24,22 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+import numpy as np
+
+from jspec.checkpoint.common import CheckpointError
 from jspec.config import LlamaConfig
+from jspec.drafters import hf_layout as hf
 from jspec.drafters.base import DrafterMismatchError, target_head
-from jspec.drafters.vocab import check_draft_vocab, to_target_ids
+from jspec.drafters.protocol import DraftModuleDefaults
+from jspec.drafters.registry import DrafterKind, register
+from jspec.drafters.vocab import check_draft_vocab, check_token_map, to_target_ids
 from jspec.shapes import Float
 from jspec.spec_config import SpecConfig
 from jspec.tree.static import MC_SIM_7B_63, StaticTree, static_tree_tokens
@@ -83,7 +90,7 @@ def default_tree_paths(num_heads: int, spec: SpecConfig | None):
 
 
 @dataclasses.dataclass(frozen=True)
-class Medusa:
+class Medusa(DraftModuleDefaults):
     num_heads: int
     num_layers: int
     hidden: int
@@ -92,8 +99,6 @@ class Medusa:
     truncated: bool = False       # own heads over a truncated vocab with a token_map
     dtype: str = "float32"
     kind = "medusa"
-    feature_source = "final"
-    aux_layers = ()
     map_key = "token_map"
 
     @property
@@ -115,6 +120,13 @@ class Medusa:
 
     def tree(self, spec: SpecConfig | None) -> StaticTree:
         return StaticTree.from_paths(default_tree_paths(self.num_heads, spec))
+
+    def check_spec(self, spec: SpecConfig | None) -> None:
+        self.tree(spec)                # a tree deeper than the heads is refused there
+
+    def tree_shape(self, spec: SpecConfig | None) -> tuple[int, int]:
+        t = self.tree(spec)
+        return t.depth, t.num_nodes
 
     def init_params(self, key, target_cfg: LlamaConfig):
         head = jnp.zeros((self.hidden, target_cfg.vocab_size), self.dtype)
@@ -158,3 +170,131 @@ class Medusa:
         _, top = jax.lax.top_k(logits[:, :tree.depth], tree.topk)
         top = self.to_target_ids(params, top)
         return static_tree_tokens(tree, root, top)
+
+
+def _random(target_cfg: LlamaConfig, key, num_heads: int = 4, num_layers: int = 1,
+            vocab_size: int = 0, truncated: bool | None = None):
+    V = target_cfg.vocab_size
+    if truncated is None:
+        truncated = 0 < vocab_size < V
+    module = Medusa(num_heads=num_heads, num_layers=num_layers, hidden=target_cfg.hidden_size,
+                    target_vocab=V, vocab_size=vocab_size, truncated=truncated,
+                    dtype=target_cfg.dtype)
+    return module, module.init_params(key, target_cfg)
+
+
+# ------------------------------------------------------------------ HF layouts
+# {i}: head, {j}: residual block, {L}: number of blocks.
+TABLES = {
+    "fasterdecoding": ((("{i}.{j}.linear.weight", "head_{i}_block_{j}/kernel", True),
+                        ("{i}.{j}.linear.bias", "head_{i}_block_{j}/bias", False)),
+                       ("{i}.{L}.weight", "head_{i}_lm/kernel", True)),
+    "vllm": ((("blocks.{i}.layers.{j}.weight", "head_{i}_block_{j}/kernel", True),
+              ("blocks.{i}.layers.{j}.bias", "head_{i}_block_{j}/bias", False)),
+             ("lm_heads.{i}.weight", "head_{i}_lm/kernel", True)),
+}
+LAYOUTS = tuple(TABLES)
+_FD_KEY = re.compile(r"\d+\.\d+\.linear\.weight")
+
+
+def _table(module: Medusa, layout, num_target_layers) -> list:
+    layout = layout or "fasterdecoding"
+    if layout not in TABLES:
+        raise ValueError(f"medusa layout {layout!r}: one of {LAYOUTS}")
+    block, lm = TABLES[layout]
+    L = module.num_layers
+    out = []
+    for i in range(module.num_heads):
+        for j in range(L):
+            out += [(n.format(i=i, j=j), p.format(i=i, j=j), t) for n, p, t in block]
+        if module.vocab_size:
+            out.append((lm[0].format(i=i, L=L), lm[1].format(i=i), lm[2]))
+    return hf.rows(out)
+
+
+def _count(keys, pattern: str, part: int) -> int:
+    return len({k.split(".")[part] for k in keys if re.fullmatch(pattern, k)})
+
+
+def _read(d, ts: hf.Tensors, target: LlamaConfig, dtype: str):
+    keys = ts.keys()
+    layout = "vllm" if any(k.startswith(("blocks.", "lm_heads.")) for k in keys) else "fasterdecoding"
+    if layout == "vllm":
+        heads = hf.int_field(d, "medusa_num_heads", "num_heads",
+                             default=_count(keys, r"lm_heads\.\d+\.weight", 1))
+        layers = hf.int_field(d, "medusa_num_layers", "num_hidden_layers",
+                              default=_count(keys, r"blocks\.0\.layers\.\d+\.weight", 3))
+        lm0, blk0 = "lm_heads.0.weight", "blocks.0.layers.0.weight"
+    else:
+        heads = hf.int_field(d, "medusa_num_heads", default=_count(keys, r"\d+\..*", 0))
+        layers = hf.int_field(d, "medusa_num_layers",
+                              default=_count(keys, r"0\.\d+\.linear\.weight", 1))
+        lm0, blk0 = f"0.{layers}.weight", "0.0.linear.weight"
+    if not heads:
+        raise CheckpointError(f"no Medusa heads found ({layout} layout)")
+    hidden = hf.int_field(d, "hidden_size", default=ts.shape_or(
+        blk0, 0, ts.shape_or(lm0, 1, target.hidden_size)))
+    truncated_size = hf.int_field(d, "truncated_vocab_size")
+    V = target.vocab_size
+    if layout == "vllm":
+        V = hf.int_field(d, "vocab_size", default=V)
+    Vd = ts.shape_or(lm0, 0, truncated_size or V)
+    if truncated_size is not None and truncated_size != Vd and lm0 in ts:
+        raise CheckpointError(f"config field truncated_vocab_size={truncated_size} but tensor "
+                              f"{lm0!r} predicts {Vd} tokens")
+    extra = {}
+    truncated = False
+    if "token_map" in ts:
+        shape = ts.shape("token_map")
+        if shape != (Vd,):
+            raise DrafterMismatchError(
+                f"token_map has shape {shape}, expected ({Vd},) (one target id per draft id)")
+        tm = np.asarray(ts.get("token_map")).astype(np.int64)
+        check_token_map(tm, Vd, target.vocab_size)
+        if not (Vd == target.vocab_size and np.array_equal(tm, np.arange(Vd))):
+            truncated = True
+            extra["token_map"] = jax.numpy.asarray(tm.astype(np.int32))
+    elif Vd != V and truncated_size is not None:
+        raise CheckpointError(f"config truncated_vocab_size={truncated_size} but the "
+                              "checkpoint has no 'token_map' tensor")
+    module = Medusa(num_heads=heads, num_layers=layers, hidden=hidden, target_vocab=V,
+                    vocab_size=Vd, truncated=truncated, dtype=dtype)
+    return module, extra, layout
+
+
+def _write_layout(module: Medusa, layout):
+    layout = layout or ("vllm" if module.truncated else "fasterdecoding")
+    if layout not in TABLES:
+        raise ValueError(f"medusa layout {layout!r}: one of {LAYOUTS}")
+    if module.truncated and layout != "vllm":
+        raise ValueError("a truncated-vocabulary Medusa drafter needs layout='vllm'")
+    if not module.vocab_size:
+        raise ValueError("Medusa heads without their own LM head have no HF layout")
+    return layout
+
+
+def _write_config(module: Medusa, layout, num_target_layers) -> dict:
+    if layout == "vllm":
+        return {"architectures": ["MedusaModel"], "model_type": "medusa",
+                "hidden_size": module.hidden, "vocab_size": module.target_vocab,
+                "num_heads": module.num_heads, "num_hidden_layers": module.num_layers,
+                "truncated_vocab_size": module.vocab_size if module.truncated else None}
+    return {"medusa_num_heads": module.num_heads, "medusa_num_layers": module.num_layers,
+            "hidden_size": module.hidden}
+
+
+def _detect_config(d: dict) -> bool:
+    return "medusa_num_heads" in d or "medusa" in " ".join(d.get("architectures") or []).lower()
+
+
+ENTRY = register(DrafterKind(
+    name="medusa", module=Medusa, default_spec=None,       # Medusa's own 63-node tree
+    build=_random,
+    modes={"chain": lambda m: SpecConfig.chain(m.num_heads), "default": None},
+    loss=("medusa", {"unroll": 1}),
+    hf=hf.HFLayout(
+        detect_keys=lambda ks: any(k.startswith(("blocks.", "lm_heads.")) or _FD_KEY.fullmatch(k)
+                                   for k in ks),
+        detect_config=_detect_config, read=_read, table=_table, write_config=_write_config,
+        write_layout=_write_layout, priority=30),
+    features="final"))

@@ -26,17 +26,23 @@ Draft vocabulary (``vocab_size = Vd > 0``, needs ``own_head``): every module's
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jspec.checkpoint.common import CheckpointError
 from jspec.config import LlamaConfig
+from jspec.drafters import hf_layout as hf
 from jspec.drafters.base import (DrafterMismatchError, RecurrentDrafter, kept_rows,
-                                 target_embedding, target_head, target_head_out_major)
+                                 random_recurrent, target_embedding, target_head,
+                                 target_head_out_major)
+from jspec.drafters.registry import DrafterKind, register
 from jspec.drafters.vocab import DraftVocab, check_draft_vocab
 from jspec.kernels import attention_fn
 from jspec.llama import DecoderLayer, RMSNorm, _dense, _precision, linear
+from jspec.spec_config import SpecConfig
 
 
 class MTPModule(nn.Module):
@@ -96,7 +102,8 @@ class MTP(DraftVocab, RecurrentDrafter):
     def cache_layers(self) -> int:
         return self.num_modules
 
-    def module(self, m: int) -> MTPModule:
+    def block_net(self, m: int) -> MTPModule:
+        """The Flax network of module ``m`` (one of ``num_modules``)."""
         return MTPModule(self.layer, self.own_head, self.draft_vocab, m, self.attention,
                          self.out_major)
 
@@ -105,7 +112,7 @@ class MTP(DraftVocab, RecurrentDrafter):
         V, H = target_cfg.vocab_size, target_cfg.hidden_size
         head = jnp.zeros((V, H) if self.out_major else (H, V), self.layer.dtype)
         keys = jax.random.split(key, self.num_modules)
-        return {"net": {f"module_{m}": self.module(m).init(
+        return {"net": {f"module_{m}": self.block_net(m).init(
             keys[m], emb, feats, pos, cache, None, None, 0, head)["params"]
             for m in range(self.num_modules)}, **self.init_map()}
 
@@ -118,7 +125,7 @@ class MTP(DraftVocab, RecurrentDrafter):
                                                                               target_params)
 
         def run(m, cache):
-            return self.module(m).apply({"params": params["net"][f"module_{m}"]}, emb, feats,
+            return self.block_net(m).apply({"params": params["net"][f"module_{m}"]}, emb, feats,
                                         positions, cache, block_mask, valid, offset, head, keep)
 
         if step is None:
@@ -131,3 +138,77 @@ class MTP(DraftVocab, RecurrentDrafter):
             return run(0, cache)
         branches = [lambda c, m=m: run(m, c) for m in range(self.num_modules)]
         return jax.lax.switch(jnp.minimum(step, self.num_modules - 1), branches, cache)
+
+
+# ------------------------------------------------------------------ HF layout (DeepSeek-V3)
+# Under ``model.layers.{L+k}.``; param paths under ``module_{k}``.
+TABLE = (
+    ("enorm.weight", "enorm/scale", False),
+    ("hnorm.weight", "hnorm/scale", False),
+    ("eh_proj.weight", "eh_proj/kernel", True),
+    ("input_layernorm.weight", "block/input_layernorm/scale", False),
+) + tuple((n, f"block/{p}", t) for n, p, t in hf.ATTN + hf.POST_NORM + hf.MLP) + (
+    ("shared_head.norm.weight", "shared_head_norm/scale", False),
+)
+HEAD = (("shared_head.head.weight", "shared_head_head/kernel", True),)
+_KEY = re.compile(r"model\.layers\.(\d+)\.eh_proj\.weight")
+
+
+def _table(module: MTP, layout, num_target_layers) -> list:
+    if num_target_layers is None:
+        raise ValueError("the MTP layout needs the target's num_layers")
+    out = []
+    for k in range(module.num_modules):
+        out += hf.rows(TABLE + (HEAD if module.own_head else ()),
+                       f"model.layers.{num_target_layers + k}.", f"net/module_{k}")
+    return out
+
+
+def _read(d, ts: hf.Tensors, target: LlamaConfig, dtype: str):
+    L = hf.int_field(d, "num_hidden_layers", default=target.num_layers)
+    if L != target.num_layers:
+        raise DrafterMismatchError(
+            f"config field 'num_hidden_layers'={L}: these MTP layers follow a {L}-layer model, "
+            f"the target has {target.num_layers} layers")
+    present = sorted(int(m.group(1)) for k in ts.keys() if (m := _KEY.fullmatch(k)))
+    M = hf.int_field(d, "num_nextn_predict_layers")
+    if M is None:
+        M = 0
+        while L + M in present:
+            M += 1
+    if M < 1:
+        raise CheckpointError(
+            f"no MTP module at model.layers.{L}.* (the target has {L} layers); eh_proj found at "
+            f"layers {present}")
+    eh = f"model.layers.{L}.eh_proj.weight"
+    heads = [f"model.layers.{L + k}.shared_head.head.weight" in ts for k in range(M)]
+    if any(heads) and not all(heads):
+        raise CheckpointError(
+            f"MTP modules disagree on having their own head: shared_head.head.weight present for "
+            f"modules {[k for k, h in enumerate(heads) if h]} of {M}")
+    V = hf.int_field(d, "vocab_size", default=ts.shape_or(
+        f"model.layers.{L}.shared_head.head.weight", 0, target.vocab_size))
+    module = MTP(hf.layer_config(d, target, dtype, ts.shape_or(eh, 0, None)), V, num_modules=M,
+                 own_head=all(heads))
+    return module, {}, None
+
+
+def _write_config(module: MTP, layout, num_target_layers) -> dict:
+    hf.no_draft_vocab(module, "mtp")
+    if num_target_layers is None:
+        raise ValueError("writing an MTP drafter's HF layout needs the target's config")
+    return {**hf.layer_fields(module.layer), "num_hidden_layers": num_target_layers,
+            "vocab_size": module.target_vocab, "num_nextn_predict_layers": module.num_modules}
+
+
+ENTRY = register(DrafterKind(
+    name="mtp", module=MTP, default_spec=SpecConfig.chain(3),
+    build=random_recurrent(MTP),
+    modes={"chain": SpecConfig.chain(3), "default": SpecConfig(3, 2, 6),
+           "wide": SpecConfig(6, 8, 32)},
+    loss=("recurrent", {"unroll": 3}),
+    hf=hf.HFLayout(
+        detect_keys=lambda ks: any(_KEY.fullmatch(k) for k in ks),
+        detect_config=lambda d: bool(d.get("num_nextn_predict_layers")),
+        read=_read, table=_table, write_config=_write_config, priority=20),
+    features="final"))

@@ -21,8 +21,11 @@ import dataclasses
 import jax.numpy as jnp
 from flax import struct
 
+from jspec.drafters.base import DrafterMismatchError
+from jspec.drafters.protocol import DraftModuleDefaults
+from jspec.drafters.registry import DrafterKind, register
 from jspec.shapes import Int
-from jspec.spec_config import SpecConfig
+from jspec.spec_config import SpecConfig, SpecConfigError
 from jspec.tree.select import select_tree
 
 
@@ -33,13 +36,11 @@ class NGramState:
 
 
 @dataclasses.dataclass(frozen=True)
-class NGram:
+class NGram(DraftModuleDefaults):
     vocab: int
     min_n: int = 1
     max_n: int = 4
     kind = "ngram"
-    feature_source = "final"
-    aux_layers = ()
 
     def __post_init__(self):
         if not 1 <= self.min_n <= self.max_n:
@@ -48,7 +49,6 @@ class NGram:
 
     def validate(self, target_cfg, params=None) -> None:
         if target_cfg.vocab_size != self.vocab:
-            from jspec.drafters.base import DrafterMismatchError
             raise DrafterMismatchError(f"ngram drafter was made for a vocabulary of {self.vocab} "
                                        f"tokens, the target has {target_cfg.vocab_size}")
 
@@ -57,8 +57,8 @@ class NGram:
 
     def check_spec(self, spec: SpecConfig) -> None:
         """Its pool holds K branches of S nodes: refuse a wider N before compiling."""
+        super().check_spec(spec)
         if spec.num_draft_tokens - 1 > spec.topk * spec.num_steps:
-            from jspec.spec_config import SpecConfigError
             raise SpecConfigError(
                 f"an ngram tree has topk={spec.topk} branches of num_steps={spec.num_steps} "
                 f"nodes: at most {spec.topk * spec.num_steps + 1} nodes, got "
@@ -129,3 +129,16 @@ class NGram:
         parents = jnp.broadcast_to(parents.reshape(1, -1), (B, K * S))
         tree, _ = select_tree(root, toks.reshape(B, K * S), score.reshape(B, K * S), parents, N, S)
         return tree
+
+
+def _build(target_cfg, key=None, min_n: int = 1, max_n: int = 4):
+    return NGram(target_cfg.vocab_size, min_n, max_n), {}
+
+
+ENTRY = register(DrafterKind(
+    name="ngram", module=NGram, default_spec=SpecConfig.chain(4), build=_build,
+    modes={"chain": SpecConfig.chain(4), "default": SpecConfig(4, 2, 8),
+           "wide": SpecConfig(6, 8, 32)},
+    features="none", needs_weights=False, saveable=False,
+    from_arg=lambda args, target: _build(target.config, None,
+                                         *(int(x) for x in args.split(":") if x))))

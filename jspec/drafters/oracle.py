@@ -15,7 +15,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jspec.drafters.protocol import DraftModuleDefaults
+from jspec.drafters.registry import DrafterKind, register
 from jspec.shapes import Int
+from jspec.spec_config import SpecConfig
 from jspec.tree.select import eagle2_tree
 
 
@@ -26,12 +29,10 @@ class OracleState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Oracle:
+class Oracle(DraftModuleDefaults):
     vocab: int
     miss_rate: float = 0.0      # probability that each planted token is replaced by a decoy
     kind = "oracle"
-    feature_source = "final"
-    aux_layers = ()
 
     def validate(self, target_cfg, params=None):
         pass
@@ -64,3 +65,15 @@ class Oracle:
         logp = logp.at[:, :, 0, 0].set(0.0)
         tree, _ = eagle2_tree(root, toks, logp, N)
         return tree
+
+
+def _build(target_cfg, key=None, future=None, miss_rate: float = 0.0):
+    """``future [B, max_len]``: the continuation it plants (e.g. the target's greedy output)."""
+    if future is None:
+        raise ValueError("an oracle drafter needs future= (the continuation it proposes)")
+    return Oracle(target_cfg.vocab_size, miss_rate), {"future": jnp.asarray(future, jnp.int32)}
+
+
+ENTRY = register(DrafterKind(
+    name="oracle", module=Oracle, default_spec=SpecConfig(5, 4, 8), build=_build,
+    features="none", needs_weights=False, saveable=False))

@@ -88,12 +88,12 @@ def cmd_train(a):
     if a.draft_vocab:
         kw = dict(draft_vocab=a.draft_vocab,
                   freqs=F.token_frequencies(data["tokens"], data["lens"], target.config.vocab_size))
-    if a.kind == "eagle3":
-        kw["aux_layers"] = tuple(meta["aux_layers"])
-    elif a.kind == "medusa":
-        kw.update(medusa_heads=a.medusa_heads, medusa_layers=a.medusa_layers)
+    # Architecture fields the kind has (build_drafter keeps only those): EAGLE-3 reads the aux
+    # layers the features were cached for; Medusa takes its head and block counts.
+    kw.update(aux_layers=tuple(meta["aux_layers"]), num_heads=a.medusa_heads,
+              num_layers=a.medusa_layers)
     d = D.build_drafter(a.kind, target.config, target.params, jax.random.key(a.seed), **kw)
-    lc = D.DEFAULT_LOSS[a.kind]
+    lc = D.default_loss(a.kind)
     if a.unroll:
         lc = D.LossConfig(**{**lc.__dict__, "unroll": a.unroll})
     tc = D.TrainConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, warmup=a.warmup,
@@ -112,6 +112,11 @@ def cmd_train(a):
                                      "seconds": time.time() - t0, "features": str(a.features),
                                      "final": {k: float(v) for k, v in metrics.items()}})
     print(f"saved {a.kind} drafter to {out / 'drafter'} ({time.time() - t0:.0f}s)")
+
+
+def _trainable_kinds() -> tuple[str, ...]:
+    from jspec.drafters import registry
+    return registry.names(lambda k: k.trainable)
 
 
 def cmd_eval(a):
@@ -203,7 +208,7 @@ def main(argv=None):
     t = sub.add_parser("train", help="train a drafter")
     t.add_argument("--target", required=True)
     t.add_argument("--features", required=True)
-    t.add_argument("--kind", required=True, choices=["eagle3", "eagle1", "mtp", "medusa"])
+    t.add_argument("--kind", required=True, choices=_trainable_kinds())
     t.add_argument("--out", required=True)
     t.add_argument("--steps", type=int, default=1500)
     t.add_argument("--batch-size", type=int, default=16)

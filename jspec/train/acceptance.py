@@ -25,15 +25,9 @@ from jspec.drafters import Drafter
 from jspec.spec_config import SpecConfig
 from jspec.verify import greedy_walk
 
-MODES = {
-    "eagle3": {"chain": SpecConfig.chain(5), "default": SpecConfig(5, 4, 8),
-               "wide": SpecConfig(6, 8, 32)},
-    "eagle1": {"chain": SpecConfig.chain(5), "default": SpecConfig(5, 4, 8),
-               "wide": SpecConfig(6, 8, 32)},
-    "mtp": {"chain": SpecConfig.chain(3), "default": SpecConfig(3, 2, 6),
-            "wide": SpecConfig(6, 8, 32)},
-    "medusa": {"chain": SpecConfig.chain(4), "default": None},
-}
+def modes_of(drafter: Drafter) -> dict:
+    """``{mode: spec}`` the acceptance table compares for a drafter (its registry entry)."""
+    return {name: drafter.entry.mode(name, drafter.module) for name in drafter.entry.modes}
 
 
 def spec_name(spec) -> str:
@@ -52,14 +46,12 @@ def random_like(d: Drafter, target, key) -> Drafter:
 
 
 def _depth(module, spec) -> int:
-    if module.kind == "medusa":
-        return module.tree(spec).depth
-    return spec.num_steps
+    return module.tree_shape(spec)[0]
 
 
 def aux_layers_of(module):
     """The aux layers a drafter reads (EAGLE-3), for :class:`TeacherForced`; None otherwise."""
-    return tuple(module.aux_layers) if getattr(module, "feature_source", "final") == "aux" else None
+    return module.target_layers or None
 
 
 # ------------------------------------------------------------------ end to end
@@ -172,7 +164,7 @@ class TeacherForced:
         from jspec.tree.select import CandidatePool, select_pool
         S = _depth(module, spec) if module is not None else spec.num_steps
         cfg, B = self.target.config, self.chunk
-        if module is not None and not hasattr(module, "draft_pool"):
+        if module is not None and not module.has_pool:
             if what != "accept":
                 raise ValueError(f"a {module.kind} drafter has no candidate pool to calibrate")
             slots = self.tokens.shape[1] + max(module.cache_slots(spec) if spec else 0, 1) + 1
@@ -213,12 +205,14 @@ class TeacherForced:
     def _chunks(self, module, dparams):
         """Per chunk of rows: ``(n, run args after g)``; chunks padded to ``self.chunk``."""
         nxt_all = np.concatenate([self.tokens[:, 1:], np.zeros_like(self.tokens[:, :1])], 1)
-        fsrc = None
-        if module is not None:
-            fsrc = self.aux if getattr(module, "feature_source", "final") == "aux" else self.hidden
-            if fsrc is self.aux and tuple(module.aux_layers) != self.aux_layers:
-                raise ValueError(f"drafter reads aux layers {module.aux_layers}, features were "
-                                 f"computed for {self.aux_layers}")
+        if module is not None and module.target_layers:
+            if tuple(module.target_layers) != self.aux_layers:
+                raise ValueError(f"drafter reads aux layers {module.target_layers}, features "
+                                 f"were computed for {self.aux_layers}")
+
+        def feats(s):             # self.aux holds the aux states already concatenated
+            aux = (self.aux[s],) if module.target_layers else ()
+            return module.features(jnp.asarray(self.hidden[s]), aux, jnp.asarray(self.tokens[s]))
         for lo in range(0, len(self.rows), self.chunk):
             part = self.rows[lo:lo + self.chunk]
             n = len(part)
@@ -231,7 +225,7 @@ class TeacherForced:
                 x = np.where(np.arange(self.tokens.shape[1])[None] <= L[:, None], self.tokens[s], 0)
                 args = (dparams, self.target.params, jnp.asarray(x), jnp.asarray(L), root)
             else:
-                args = (dparams, self.target.params, jnp.asarray(fsrc[s]), jnp.asarray(nxt_all[s]),
+                args = (dparams, self.target.params, feats(s), jnp.asarray(nxt_all[s]),
                         jnp.asarray(L), root)
             yield n, (jnp.asarray(g),) + args
 
@@ -287,9 +281,8 @@ def acceptance_table(target, drafters: dict, prompts, heldout_seqs, *, max_new_t
     rows = []
     tf_cache = {}
     for name, d in drafters.items():
-        kind = d.module.kind
         aux = aux_layers_of(d.module)
-        for mode, spec in MODES[kind].items():
+        for mode, spec in modes_of(d).items():
             if mode not in modes:
                 continue
             row = {"drafter": name, "mode": mode, "spec": spec_name(spec)}

@@ -36,6 +36,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +44,7 @@ import numpy as np
 import optax
 
 from jspec import kv_cache as kvc
-from jspec.drafters import Drafter, random_drafter
+from jspec.drafters import Drafter, random_drafter, registry
 from jspec.drafters.base import target_head
 from jspec.drafters.vocab import MAP_KEYS, build_d2t, set_draft_vocab, t2d_for
 from jspec.train.optim import TrainState, load_train_state, make_optimizer, save_train_state
@@ -57,18 +58,31 @@ class LossConfig:
     reg: float = 0.0             # smooth-L1 feature regression weight (EAGLE-1)
 
 
-DEFAULT_LOSS = {
-    "eagle3": LossConfig(unroll=3),
-    "eagle1": LossConfig(unroll=2, reg=1.0),
-    "mtp": LossConfig(unroll=3),
-    "medusa": LossConfig(unroll=1),
-}
+def default_loss(kind: str) -> LossConfig:
+    """The loss settings a kind trains with (its registry entry's ``loss``)."""
+    return LossConfig(**_entry(kind).loss[1])
+
+
+def _entry(kind: str):
+    entry = registry.kind(kind)
+    if not entry.trainable:
+        raise ValueError(f"a {kind} drafter is not trained by jspec.train (trainable kinds: "
+                         f"{', '.join(registry.names(lambda k: k.trainable))})")
+    return entry
 
 
 # ------------------------------------------------------------------ drafter construction
-def build_drafter(kind: str, target_cfg, target_params, key, *, aux_layers=None,
-                  draft_vocab: int = 0, freqs: np.ndarray | None = None, medusa_heads: int = 4,
-                  medusa_layers: int = 1) -> Drafter:
+def _zero_blocks(d: Drafter) -> Drafter:
+    """Medusa heads start with zero residual blocks: every head predicts like the target."""
+    net = dict(d.params["net"])
+    for name in net:
+        if not name.endswith("_lm"):
+            net[name] = jax.tree.map(jnp.zeros_like, net[name])
+    return Drafter(d.module, {**d.params, "net": net})
+
+
+def build_drafter(kind: str, target_cfg, target_params, key, *, draft_vocab: int = 0,
+                  freqs: np.ndarray | None = None, **arch) -> Drafter:
     """A fresh drafter to train; heads start from the target's LM head where they have one.
 
     ``draft_vocab < V`` (any kind) drafts over the ``draft_vocab`` most frequent tokens of
@@ -79,6 +93,7 @@ def build_drafter(kind: str, target_cfg, target_params, key, *, aux_layers=None,
     Medusa gets its own per-head LM heads (copies of the target's) and zero residual
     blocks, so every head starts out predicting the next token like the target.
     """
+    family = _entry(kind).loss[0]
     V = target_cfg.vocab_size
     head = np.asarray(target_head(target_cfg, target_params))            # [H, V]
     vd = draft_vocab if draft_vocab and draft_vocab < V else 0
@@ -87,22 +102,10 @@ def build_drafter(kind: str, target_cfg, target_params, key, *, aux_layers=None,
         if freqs is None:
             raise ValueError("a reduced draft vocabulary needs token frequencies")
         _, ids = build_d2t(freqs, vd)
-    if kind == "eagle3":
-        kw = {"aux_layers": tuple(aux_layers)} if aux_layers is not None else {}
-        d = random_drafter("eagle3", target_cfg, key, vocab_size=vd, **kw)
-    elif kind == "medusa":
-        d = random_drafter("medusa", target_cfg, key, num_heads=medusa_heads,
-                           num_layers=medusa_layers, vocab_size=vd or V)
-        net = dict(d.params["net"])
-        for name in net:
-            if not name.endswith("_lm"):
-                net[name] = {"kernel": jnp.zeros_like(net[name]["kernel"]),
-                             "bias": jnp.zeros_like(net[name]["bias"])}
-        d = Drafter(d.module, {**d.params, "net": net})
-    elif kind in ("mtp", "eagle1"):
-        d = random_drafter(kind, target_cfg, key, vocab_size=vd)
-    else:
-        raise ValueError(f"unknown drafter kind {kind!r} (eagle1, eagle3, mtp, medusa)")
+    fields = {f.name for f in dataclasses.fields(registry.kind(kind).module)}
+    arch = {k: v for k, v in arch.items() if k in fields and v is not None}
+    d = random_drafter(kind, target_cfg, key, vocab_size=FAMILIES[family].vocab(vd, V), **arch)
+    d = FAMILIES[family].start(d)
     return Drafter(d.module, set_draft_vocab(d.module, d.params, ids, head))
 
 
@@ -223,14 +226,30 @@ def medusa_loss(module, params, target_cfg, target_params, batch, lc: LossConfig
     return total, metrics
 
 
+@dataclasses.dataclass(frozen=True)
+class LossFamily:
+    """How a registry entry's ``loss`` family trains: its loss, the own-head vocabulary it
+    starts with (given the draft vocabulary ``vd``, 0 for none, and the target's ``V``) and
+    the change to random weights it starts from."""
+    loss: Callable
+    vocab: Callable[[int, int], int] = lambda vd, V: vd
+    start: Callable[[Drafter], Drafter] = lambda d: d
+
+
+FAMILIES = {
+    "recurrent": LossFamily(recurrent_loss),
+    "medusa": LossFamily(medusa_loss, vocab=lambda vd, V: vd or V, start=_zero_blocks),
+}
+
+
 def drafter_loss(module, params, target_cfg, target_params, batch, lc: LossConfig, t2d=None):
-    fn = medusa_loss if module.kind == "medusa" else recurrent_loss
+    fn = FAMILIES[_entry(module.kind).loss[0]].loss
     return fn(module, params, target_cfg, target_params, batch, lc, t2d)
 
 
 # ------------------------------------------------------------------ data
 def feature_key(module) -> str:
-    return "aux" if getattr(module, "feature_source", "final") == "aux" else "hidden"
+    return "aux" if module.target_layers else "hidden"
 
 
 def sample_batch(data: dict, module, step: int, batch_size: int, seed: int,
@@ -302,7 +321,7 @@ def train(drafter: Drafter, target, data: dict, tc: TrainConfig, lc: LossConfig 
     from tqdm import tqdm
 
     module = drafter.module
-    lc = lc or DEFAULT_LOSS[module.kind]
+    lc = lc or default_loss(module.kind)
     trainable, frozen = split_params(drafter.params)
     t2d = draft_t2d(module, frozen, target.config.vocab_size)
     tx, step_fn = make_train_step(module, target.config, lc, tc)

@@ -81,10 +81,12 @@ def check(drafter, spec) -> None:
     drafter without a dynamic tree, or without a calibration table."""
     if spec is None or spec.selection == "eagle2":
         return
-    if not hasattr(drafter.module, "draft_pool"):
+    if not drafter.module.has_pool:
+        from jspec.drafters import registry
+        pooled = registry.names(lambda k: getattr(k.module, "has_pool", False) is True)
         raise CalibrationError(
             f"selection={spec.selection!r} ranks the candidates of a dynamic (EAGLE-2) tree; a "
-            f"{drafter.kind} drafter drafts a fixed tree (use eagle1, eagle3 or mtp)")
+            f"{drafter.kind} drafter has none (one of: {', '.join(pooled)})")
     table = table_of(drafter)
     if table is None:
         raise CalibrationError(
