@@ -60,3 +60,17 @@ def test_refuses_impossible_knobs_before_compiling(stories):
                        spec=SpecConfig(2, 4, 12))
     with pytest.raises(ValueError, match="min_n"):
         ngram_drafter(target.config, 3, 2)
+
+
+def test_repetitive_prompt_on_the_shipped_model_accepts_three_tokens_per_verify():
+    """Prompt lookup pays where text repeats: a list of similar entries on the shipped model
+    (measured 3.1 tokens per verify for chain(4), 3.6 for chain(6); plain decoding's tokens)."""
+    from pathlib import Path
+    target = load_target(Path(__file__).parents[1] / "checkpoints/default/target")
+    prompt = "NAMES = [\n" + "".join(f"    'name_{i}',\n" for i in range(8))
+    plain = jspec.generate(target, [prompt], max_new_tokens=96)
+    res = jspec.generate(target, [prompt], max_new_tokens=96, drafter=ngram_drafter(target.config),
+                         spec=SpecConfig.chain(4))
+    assert res.tokens == plain.tokens
+    s = res.stats[0]
+    assert s["new_tokens"] / s["iterations"] >= 3.0, s

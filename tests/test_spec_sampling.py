@@ -99,3 +99,18 @@ def test_ngram_sampling_matches_enumeration(target, exact):
     assert p > 1e-3, (p, cells)
     hist = np.sum([s["accept_hist"] for s in res.stats], 0)
     assert hist[2:].sum() > 1000, hist
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(3, 2, 6), SpecConfig.chain(3)], ids=["tree", "chain"])
+def test_draft_model_sampling_matches_enumeration(target, exact, spec):
+    """An independent draft model (the target's first layer, cut off) drafts from its own
+    tokens and KV: the output stays distributed exactly as the target's."""
+    from jspec.drafters import Drafter
+    from jspec.drafters.draft_model import from_target
+    cut = jspec.Target(target.config.replace(num_layers=1),
+                       {k: v for k, v in target.params.items() if k != "layers_1"})
+    toks, res = sample(target, Drafter(*from_target(cut, target.config)), spec, seed=3)
+    p, cells = pvalue(toks, exact)
+    assert p > 1e-3, (p, cells)
+    hist = np.sum([s["accept_hist"] for s in res.stats], 0)
+    assert hist[2:].sum() > 1000, hist

@@ -98,6 +98,49 @@ def test_loss_decreases_and_resume_is_exact(tmp_path, corpus_root):
         train(tiny(tmp_path / "b", corpus_root, lr=5e-3), log=lambda *_: None)
 
 
+def test_train_on_regenerated_seqs(tmp_path, corpus_root):
+    """``--seqs``: one sequence per row, padded; padding is never a target (the held-out loss
+    equals the per-token mean of the sequences run alone, unpadded); resume is exact."""
+    from jspec.train.lm import row_losses
+    from jspec.train.regen import save_sequences
+
+    tok = D.train_tokenizer([t for _, t in D.load_corpus(corpus_root).train], vocab_size=300)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    stream = D.encode_files(tok, [t for _, t in D.load_corpus(corpus_root).train])
+    rng = np.random.default_rng(0)
+    seqs = [np.concatenate([[D.BOS_ID], stream[s:s + n - 1]]).astype(np.int32)
+            for s, n in zip(rng.integers(0, len(stream) - 60, 40), rng.integers(5, 48, 40))]
+    save_sequences(tmp_path / "seqs.npz", seqs)
+    kw = dict(seqs=str(tmp_path / "seqs.npz"), tokenizer=str(tmp_path))   # dir with tokenizer.json
+    quiet = lambda *_: None  # noqa: E731
+
+    a, cfg, _, sa = train(tiny(tmp_path / "a", corpus_root, **kw), log=quiet)
+    with np.load(tmp_path / "a" / "data.npz") as z:
+        rows, held = z["train"], z["heldout"]
+    held_seqs = seqs[5::6]                        # heldout_every=6: every 6th sequence
+    assert rows.shape == (34, 33) and held.shape == (len(held_seqs), 33)
+    for row, seq in ((rows[0], seqs[0]), (rows[5], seqs[6]), (held[0], seqs[5])):
+        n = min(len(seq), 33)                     # longer sequences are cut at seq_len + 1
+        np.testing.assert_array_equal(row[:n], seq[:n])
+        assert (row[n:] == D.PAD_ID).all()
+    assert any(len(q) > 33 for q in seqs) and any(len(q) < 33 for q in held_seqs)
+    # the final held-out loss is the per-token mean over the unpadded sequences, run alone
+    per_seq = [(float(row_losses(cfg, a.params, q[None, :33])[0]), min(len(q), 33) - 1)
+               for q in held_seqs]
+    want = sum(l * n for l, n in per_seq) / sum(n for _, n in per_seq)
+    assert sa["heldout_loss"] == pytest.approx(want, rel=1e-5)
+    assert sa["heldout_loss"] < math.log(300) - 0.5, sa
+
+    _, _, _, s1 = train(tiny(tmp_path / "b", corpus_root, stop_at=4, **kw), log=quiet)
+    assert s1["step"] == 4
+    b, _, _, _ = train(tiny(tmp_path / "b", corpus_root, **kw), log=quiet)
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    # the same run directory without --seqs is refused, not trained on the corpus
+    with pytest.raises(ValueError, match="seqs data"):
+        train(tiny(tmp_path / "b", corpus_root), log=quiet)
+
+
 @pytest.mark.skipif(not SHIPPED.exists(), reason="checkpoints/default/target not shipped")
 def test_shipped_default_target():
     import jspec

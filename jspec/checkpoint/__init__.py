@@ -9,15 +9,16 @@ import dataclasses
 import os
 from pathlib import Path
 
-from jspec.checkpoint.common import CheckpointError, Progress
-from jspec.checkpoint.hf import (load_hf, params_from_state_dict, save_hf,
+from jspec.checkpoint.common import CheckpointError, Progress, with_dtype
+from jspec.checkpoint.hf import (load_hf, load_hf_config, params_from_state_dict, save_hf,
                                  state_dict_from_params)
-from jspec.checkpoint.llama2c import load_llama2c, save_llama2c
-from jspec.checkpoint.orbax_io import CONFIG_FILE, load_orbax, save_orbax
+from jspec.checkpoint.llama2c import load_llama2c, read_header, save_llama2c
+from jspec.checkpoint.orbax_io import CONFIG_FILE, load_orbax, read_meta, save_orbax
+from jspec.config import LlamaConfig
 from jspec.target import Target
 from jspec.tokenizer import load_tokenizer
 
-__all__ = ["CheckpointError", "load_target", "detect_format", "load_hf", "save_hf",
+__all__ = ["CheckpointError", "load_target", "load_config", "detect_format", "load_hf", "save_hf",
            "params_from_state_dict", "state_dict_from_params", "load_llama2c",
            "save_llama2c", "load_orbax", "save_orbax"]
 
@@ -61,3 +62,14 @@ def load_target(path: str | os.PathLike, dtype=None, tokenizer: str | os.PathLik
         tok = load_tokenizer(tokenizer, eos_ids=cfg.eos_token_ids)
         target = dataclasses.replace(target, tokenizer=tok)
     return target
+
+
+def load_config(path: str | os.PathLike, dtype=None) -> LlamaConfig:
+    """The config :func:`load_target` would give ``path``, without reading any weights (what
+    pairing a drafter with a target needs: ``python -m jspec.convert drafter``)."""
+    fmt = detect_format(path)
+    if fmt == "llama2c":
+        return with_dtype(read_header(path)[0], dtype)
+    if fmt == "orbax":
+        return with_dtype(LlamaConfig.from_hf(read_meta(path)), dtype)
+    return load_hf_config(path, dtype)

@@ -6,6 +6,7 @@ sees a half-written checkpoint and a failed conversion leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -31,13 +32,7 @@ PARAMS_DIR = "params"
 
 
 def save_orbax(target: Target, path: str | os.PathLike, overwrite: bool = False) -> None:
-    dst = Path(path).absolute()
-    if dst.exists() and not overwrite:
-        raise FileExistsError(f"{dst} already exists (pass overwrite=True to replace it)")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir()
+    with atomic_dir(path, overwrite) as tmp:
         tok = target.tokenizer
         tok_name = tok.filename if tok is not None and hasattr(tok, "save") else None
         meta = target.config.to_hf()
@@ -50,6 +45,21 @@ def save_orbax(target: Target, path: str | os.PathLike, overwrite: bool = False)
         ckptr = ocp.PyTreeCheckpointer()
         ckptr.save(tmp / PARAMS_DIR, target.params)
         ckptr.close()
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike, overwrite: bool = False):
+    """Yield a hidden sibling directory of ``path`` to fill; when the block ends without an
+    error it replaces ``path`` (:func:`move_into_place`), otherwise it is removed, so
+    ``path`` is never half written. An existing ``path`` needs ``overwrite``."""
+    dst = Path(path).absolute()
+    if dst.exists() and not overwrite:
+        raise FileExistsError(f"{dst} already exists (pass overwrite=True to replace it)")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        yield tmp
         move_into_place(tmp, dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -19,6 +19,7 @@ from jspec.drafters.mtp import MTP
 from jspec.drafters.medusa import Medusa
 from jspec.drafters.ngram import NGram
 from jspec.drafters.oracle import Oracle
+from jspec.drafters.draft_model import DraftModel
 from jspec.drafters.hf_layout import draft_layer_config
 from jspec.drafters.protocol import DraftModule
 from jspec.spec_config import SpecConfig
@@ -103,7 +104,7 @@ def ngram_drafter(target_cfg: LlamaConfig, min_n: int = 1, max_n: int = 4) -> Dr
 from jspec.drafters.checkpoint import (detect_drafter_kind, load_drafter, save_drafter,  # noqa: E402
                                        save_hf_drafter)
 
-__all__ = ["Drafter", "DraftModule", "DrafterMismatchError", "Eagle1", "Eagle3", "MTP", "Medusa",
+__all__ = ["Drafter", "DraftModel", "DraftModule", "DrafterMismatchError", "Eagle1", "Eagle3", "MTP", "Medusa",
            "NGram", "Oracle", "ngram_drafter", "make_drafter", "registry",
            "random_drafter", "draft_layer_config", "default_aux_layers",
            "load_drafter", "save_drafter", "save_hf_drafter", "detect_drafter_kind"]

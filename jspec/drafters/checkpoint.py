@@ -53,7 +53,7 @@ from pathlib import Path
 
 from jspec.checkpoint.common import CheckpointError
 from jspec.config import LlamaConfig
-from jspec.drafters import Drafter, hf_io, orbax_format
+from jspec.drafters import Drafter, hf_io, orbax_format, registry
 from jspec.drafters.hf_io import save_hf_drafter, state_dict_from_drafter
 from jspec.drafters.hf_layout import Tensors, dtype_name, read_config
 from jspec.drafters.orbax_format import CONFIG_FILE as DRAFTER_CONFIG_FILE
@@ -79,7 +79,8 @@ def load_drafter(path: str | os.PathLike, target_config, dtype=None, *, kind: st
                  aux_layers=None, mesh=None) -> Drafter:
     """Load a drafter for ``target_config`` (a :class:`LlamaConfig` or a ``Target``).
 
-    ``kind`` forces the layout (``"eagle1"``, ``"eagle3"``, ``"mtp"``, ``"medusa"``);
+    ``kind`` forces the layout (``"eagle1"``, ``"eagle3"``, ``"mtp"``, ``"medusa"``), or
+    names a kind with its own loader (``"model"``: any Llama checkpoint as a draft model);
     ``aux_layers`` overrides EAGLE-3's aux layers, in jspec's input-of-layer convention.
     ``dtype`` defaults to the target's. Raises :class:`DrafterMismatchError` or
     :class:`CheckpointError` (naming the field or tensor) before anything is compiled.
@@ -106,6 +107,7 @@ def _load_drafter(path, target_config, dtype=None, *, kind=None, aux_layers=None
     if not d.is_dir():
         raise CheckpointError(f"{d}: a drafter checkpoint is a directory")
     dtype = dtype_name(dtype, target)
+    entry = registry.kind(kind) if kind is not None else None
     if (d / DRAFTER_CONFIG_FILE).is_file():
         module, params = orbax_format.load_orbax(d, target, dtype, mesh)
         if kind is not None and module.kind != kind:
@@ -113,6 +115,9 @@ def _load_drafter(path, target_config, dtype=None, *, kind=None, aux_layers=None
         if aux_layers is not None and tuple(aux_layers) != module.target_layers:
             raise ValueError(f"aux_layers={tuple(aux_layers)}: a jspec checkpoint stores its "
                              f"own ({module.target_layers})")
+        drafter = Drafter(module, params, source=str(d))
+    elif entry is not None and entry.load is not None:
+        module, params = entry.load(d, target_config, dtype)
         drafter = Drafter(module, params, source=str(d))
     else:
         cfg = read_config(d, DRAFTER_CONFIG_FILE)

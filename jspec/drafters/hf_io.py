@@ -12,8 +12,6 @@ from the safetensors headers before any tensor data is read; failures name the t
 from __future__ import annotations
 
 import json
-import shutil
-import uuid
 from pathlib import Path
 
 import flax.linen as nn
@@ -22,7 +20,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from jspec.checkpoint.common import CheckpointError, check_shape, flatten, path_str, to_param, unflatten
-from jspec.checkpoint.orbax_io import move_into_place
+from jspec.checkpoint.orbax_io import atomic_dir
 from jspec.config import LlamaConfig
 from jspec.drafters import registry
 from jspec.drafters.hf_layout import Tensors
@@ -141,9 +139,11 @@ def state_dict_from_drafter(drafter, layout: str | None = None,
     return out
 
 
-def save_hf_drafter(drafter, path, layout: str | None = None, target_config=None) -> None:
+def save_hf_drafter(drafter, path, layout: str | None = None, target_config=None,
+                    overwrite: bool = False) -> None:
     """Write ``config.json`` + ``model.safetensors`` in the drafter's published layout,
-    into a hidden sibling directory renamed into place.
+    into a hidden sibling directory renamed into place (an existing ``path`` only with
+    ``overwrite=True``, as :func:`~jspec.drafters.save_drafter`).
 
     ``layout``: for Medusa ``"fasterdecoding"`` (default) or ``"vllm"`` (needed for a
     truncated vocabulary). MTP needs ``target_config`` (its layers sit after the target's).
@@ -154,13 +154,6 @@ def save_hf_drafter(drafter, path, layout: str | None = None, target_config=None
         L = getattr(target_config, "config", target_config).num_layers
     cfg = entry.hf.write_config(drafter.module, layout, L)
     tensors = state_dict_from_drafter(drafter, layout, L)
-    dst = Path(path).absolute()
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir()
+    with atomic_dir(path, overwrite) as tmp:
         (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
-        move_into_place(tmp, dst)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -36,6 +36,7 @@ class HFLayout:
     - ``write_config(module, layout, num_target_layers) -> dict``: ``config.json``
       (raises ``ValueError`` for a drafter the layout cannot hold);
     - ``write_layout(module, layout) -> layout``: the default (and checked) layout to write;
+    - ``layouts``: the names of its layouts, where it has several (``write_layout`` picks);
     - ``priority``: detection order (lower first), for layouts whose keys overlap.
     """
     detect_keys: Callable[[set], bool]
@@ -44,6 +45,7 @@ class HFLayout:
     table: Callable[..., list]
     write_config: Callable[..., dict]
     write_layout: Callable[[Any, str | None], str | None] = lambda module, layout: layout
+    layouts: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
     optional: frozenset = frozenset()
     priority: int = 50

@@ -296,5 +296,5 @@ ENTRY = register(DrafterKind(
         detect_keys=lambda ks: any(k.startswith(("blocks.", "lm_heads.")) or _FD_KEY.fullmatch(k)
                                    for k in ks),
         detect_config=_detect_config, read=_read, table=_table, write_config=_write_config,
-        write_layout=_write_layout, priority=30),
+        write_layout=_write_layout, layouts=LAYOUTS, priority=30),
     features="final"))

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-import uuid
 from pathlib import Path
 
 import flax.linen as nn
@@ -21,7 +19,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jspec.checkpoint.common import CheckpointError, check_shape, flatten, path_str, to_param, unflatten
-from jspec.checkpoint.orbax_io import move_into_place, restore_numpy, restore_sharded
+from jspec.checkpoint.orbax_io import atomic_dir, restore_numpy, restore_sharded
 from jspec.config import LlamaConfig
 from jspec.drafters import registry
 from jspec.drafters.hf_io import expected_params
@@ -49,17 +47,11 @@ def save_drafter(drafter, path, overwrite: bool = False) -> None:
     module = drafter.module
     if not registry.of(drafter).saveable:
         raise ValueError(f"cannot save a {module.kind!r} drafter (one of {_saveable()})")
-    dst = Path(path).absolute()
-    if dst.exists() and not overwrite:
-        raise FileExistsError(f"{dst} already exists (pass overwrite=True to replace it)")
-    dst.parent.mkdir(parents=True, exist_ok=True)
     meta = {"jspec": {"format": FORMAT, "version": VERSION, "params": PARAMS_DIR},
             "kind": module.kind, "module": _module_fields(module)}
     if hasattr(module, "layer"):
         meta["layer"] = module.layer.to_hf()
-    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir()
+    with atomic_dir(path, overwrite) as tmp:
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=1))
         ckptr = ocp.PyTreeCheckpointer()
         params = dict(nn.unbox(drafter.params))
@@ -68,9 +60,6 @@ def save_drafter(drafter, path, overwrite: bool = False) -> None:
         ckptr.close()
         if table is not None:
             calibration.save(tmp, np.asarray(table), {"saved_with": "save_drafter"})
-        move_into_place(tmp, dst)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_meta(d: Path) -> dict:

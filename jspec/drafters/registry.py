@@ -15,6 +15,8 @@ What an entry holds:
   memory for a target: random weights for a learned kind (tests, benchmarks, the start of
   training), the whole drafter for a weightless one (``--drafter ngram:1:4`` passes 1, 4);
 - ``loss``: ``(family, defaults)`` for :mod:`jspec.train.drafter` (None: not trainable);
+- ``load`` / ``from_arg``: how ``load_drafter(..., kind=)`` and ``--drafter KIND:ARGS`` make
+  one, for kinds whose checkpoints are not drafter checkpoints (or that have none);
 - ``hf``: its published Hugging Face layouts (:class:`jspec.drafters.hf_layout.HFLayout`),
   read and written by :mod:`jspec.drafters.hf_io` (None: jspec's Orbax format only);
 - ``feature_source`` and cache slots are properties of an instance (they depend on its
@@ -42,6 +44,10 @@ class DrafterKind:
     hf: Any = None                           # jspec.drafters.hf_layout.HFLayout
     features: str = "final"
     needs_weights: bool = True               # False: works with any target, nothing to load
+    # ``load_drafter(path, target, kind=KIND)`` for a kind whose checkpoints are not drafter
+    # checkpoints (a draft model is a target checkpoint): ``(path, target, dtype) -> (module,
+    # params)``.
+    load: Callable[..., tuple[Any, Any]] | None = None
     # ``--drafter KIND[:ARGS]``: ``(args, target) -> (module, params)`` (ngram's n, a path).
     from_arg: Callable[[str, Any], tuple[Any, Any]] | None = None
     saveable: bool = True                    # jspec's Orbax drafter format

@@ -125,7 +125,6 @@ def cmd_eval(a):
     import jspec
     from jspec.drafters import load_drafter
     from jspec.train import acceptance as A
-    from jspec.train import drafter as D
     from jspec.train import regen
     target = jspec.load_target(a.target)
     drafters = {}

@@ -22,7 +22,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.drafters import Drafter
-from jspec.spec_config import SpecConfig
 from jspec.verify import greedy_walk
 
 def modes_of(drafter: Drafter) -> dict:

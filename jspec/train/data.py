@@ -19,6 +19,13 @@ Packing
     Each file becomes ``<s> tokens </s>``; files are concatenated in corpus order and cut
     into non-overlapping windows of ``seq_len + 1`` tokens (input = ``w[:-1]``, target =
     ``w[1:]``); the ragged tail is dropped.
+
+Regenerated sequences (:func:`prepare_seqs`, ``python -m jspec.train.lm --seqs``)
+    Instead of the corpus: a :mod:`jspec.train.regen` ``.npz`` (a target's own samples, each
+    ``<s> prompt continuation``) with that target's ``tokenizer.json``. One sequence per row,
+    never packed together: a row is the sequence's first ``seq_len + 1`` tokens right-padded
+    with :data:`PAD_ID`, which is never a training target, so each row is exactly what a model
+    sees when it reads that sequence alone from position 0.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import numpy as np
 
 BOS, EOS = "<s>", "</s>"
 BOS_ID, EOS_ID = 0, 1
+PAD_ID = -1             # padding of --seqs rows (never a target; read as token 0 when an input)
 EXCLUDE_DIRS = ("test", "idlelib", "site-packages")
 DEFAULT_MAX_BYTES = 8_000_000
 
@@ -169,19 +177,11 @@ def prepare(out_dir: str | os.PathLike, seq_len: int, vocab_size: int = 2048,
     Returns ``(tokenizers.Tokenizer, train_seqs [N, T+1], heldout_seqs [M, T+1], info)``.
     A rerun reuses the files, so a resumed run trains on exactly the same tokens.
     """
-    from tokenizers import Tokenizer
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok_path, data_path = out / "tokenizer.json", out / "data.npz"
     if tok_path.is_file() and data_path.is_file():
-        tok = Tokenizer.from_file(str(tok_path))
-        with np.load(data_path) as z:
-            train, held = z["train"], z["heldout"]
-            info = {k[5:]: z[k].item() for k in z.files if k.startswith("info_")}
-        if int(info["seq_len"]) != seq_len:
-            raise ValueError(f"{data_path} was packed for seq_len={info['seq_len']}, not {seq_len}")
-        log(f"data: reusing {tok_path} and {data_path}")
+        tok, train, held, info = _reuse(tok_path, data_path, seq_len, "corpus", log)
     else:
         corpus = load_corpus(root, max_bytes, heldout_every)
         log(f"data: {len(corpus.train)} train files ({corpus.train_bytes / 1e6:.2f} MB), "
@@ -196,13 +196,90 @@ def prepare(out_dir: str | os.PathLike, seq_len: int, vocab_size: int = 2048,
                 "train_bytes": corpus.train_bytes, "heldout_bytes": corpus.heldout_bytes,
                 "train_tokens": len(s_train), "heldout_tokens": len(s_held),
                 "max_bytes": max_bytes}
-        tmp = out / f".tokenizer.json.tmp-{os.getpid()}"
-        tok.save(str(tmp))
-        os.replace(tmp, tok_path)
-        tmp = out / f".data.npz.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            np.savez(f, train=train, heldout=held, **{f"info_{k}": v for k, v in info.items()})
-        os.replace(tmp, data_path)
+        _write(out, tok, train, held, info)
     log(f"data: {info['train_tokens']} train tokens ({info['train_bytes'] / info['train_tokens']:.2f} "
         f"bytes/token) -> {len(train)} sequences of {seq_len}; {len(held)} held-out sequences")
     return tok, train, held, info
+
+
+def pad_rows(seqs: Sequence[np.ndarray], seq_len: int) -> np.ndarray:
+    """One row per sequence: its first ``seq_len + 1`` tokens, right-padded with
+    :data:`PAD_ID` -> ``[N, seq_len + 1]`` int32."""
+    rows = np.full((len(seqs), seq_len + 1), PAD_ID, np.int32)
+    for i, s in enumerate(seqs):
+        s = np.asarray(s)[:seq_len + 1]
+        rows[i, :len(s)] = s
+    return rows
+
+
+def prepare_seqs(out_dir: str | os.PathLike, seq_len: int, seqs_path: str | os.PathLike,
+                 tokenizer_path: str | os.PathLike, heldout_path: str | os.PathLike | None = None,
+                 heldout_every: int = 20, log=print):
+    """Like :func:`prepare`, from regenerated sequences (see the module docstring).
+
+    ``tokenizer_path``: a ``tokenizer.json`` or a directory holding one (e.g. the target's
+    checkpoint). Held out: the sequences of ``heldout_path``, or else every
+    ``heldout_every``-th sequence of ``seqs_path``. The rows and the tokenizer are copied into
+    ``out_dir`` on the first call and reused afterwards, so a resumed run trains on exactly the
+    same tokens.
+    """
+    from tokenizers import Tokenizer
+
+    from jspec.train.regen import load_sequences
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok_path, data_path = out / "tokenizer.json", out / "data.npz"
+    if tok_path.is_file() and data_path.is_file():
+        return _reuse(tok_path, data_path, seq_len, "seqs", log)
+    src = Path(tokenizer_path)
+    tok = Tokenizer.from_file(str(src / "tokenizer.json" if src.is_dir() else src))
+    seqs = load_sequences(seqs_path)
+    if heldout_path is not None:
+        train_s, held_s = seqs, load_sequences(heldout_path)
+    else:
+        train_s = [s for i, s in enumerate(seqs) if i % heldout_every != heldout_every - 1]
+        held_s = [s for i, s in enumerate(seqs) if i % heldout_every == heldout_every - 1]
+    vocab = tok.get_vocab_size()
+    for name, ss in (("train", train_s), ("held-out", held_s)):
+        top = max((int(np.max(s)) for s in ss if len(s)), default=-1)
+        if not ss or top >= vocab:
+            raise ValueError(f"{name} sequences: {len(ss)} sequences, largest id {top} "
+                             f"(the tokenizer has {vocab})")
+    train, held = pad_rows(train_s, seq_len), pad_rows(held_s, seq_len)
+    cut = sum(len(s) > seq_len + 1 for s in train_s + held_s)
+    info = {"source": "seqs", "seq_len": seq_len, "vocab_size": vocab,
+            "train_sequences": len(train_s), "heldout_sequences": len(held_s),
+            "train_tokens": int(np.sum(train != PAD_ID)),
+            "heldout_tokens": int(np.sum(held != PAD_ID)), "truncated": cut}
+    _write(out, tok, train, held, info)
+    log(f"data: {info['train_tokens']} train tokens in {len(train)} sequences, "
+        f"{info['heldout_tokens']} held-out tokens in {len(held)}, padded to {seq_len + 1}"
+        + (f" ({cut} longer sequences truncated)" if cut else ""))
+    return tok, train, held, info
+
+
+def _reuse(tok_path: Path, data_path: Path, seq_len: int, source: str, log):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tok_path))
+    with np.load(data_path) as z:
+        train, held = z["train"], z["heldout"]
+        info = {k[5:]: z[k].item() for k in z.files if k.startswith("info_")}
+    if info.get("source", "corpus") != source:
+        raise ValueError(f"{data_path} holds {info.get('source', 'corpus')} data, not {source} "
+                         "(use another --out)")
+    if int(info["seq_len"]) != seq_len:
+        raise ValueError(f"{data_path} was packed for seq_len={info['seq_len']}, not {seq_len}")
+    log(f"data: reusing {tok_path} and {data_path}")
+    return tok, train, held, info
+
+
+def _write(out: Path, tok, train: np.ndarray, held: np.ndarray, info: dict) -> None:
+    tmp = out / f".tokenizer.json.tmp-{os.getpid()}"
+    tok.save(str(tmp))
+    os.replace(tmp, out / "tokenizer.json")
+    tmp = out / f".data.npz.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.savez(f, train=train, heldout=held, **{f"info_{k}": v for k, v in info.items()})
+    os.replace(tmp, out / "data.npz")

@@ -1,7 +1,9 @@
 """Train the default target: a small Llama-3-architecture LM on the CPython stdlib source.
 
 ``python -m jspec.train.lm --out DIR --steps N [...]`` builds the corpus and tokenizer
-(:mod:`jspec.train.data`) in ``DIR``, trains with AdamW + warmup/cosine (:mod:`jspec.train.optim`),
+(:mod:`jspec.train.data`) in ``DIR`` (or, with ``--seqs FILE --tokenizer TOK``, trains on a
+target's regenerated sequences, one per row: a draft model that imitates that target),
+trains with AdamW + warmup/cosine (:mod:`jspec.train.optim`),
 reports held-out loss/perplexity, checkpoints to ``DIR/state.npz`` (a rerun of the same
 command resumes exactly: same parameters as an uninterrupted run), and with ``--export PATH``
 writes the final model as a jspec Orbax checkpoint (``jspec.load_target(PATH)``).
@@ -58,6 +60,9 @@ class TrainConfig:
     max_bytes: int = D.DEFAULT_MAX_BYTES
     heldout_every: int = 20
     corpus_root: str | None = None      # default: this interpreter's stdlib
+    seqs: str | None = None             # train on these regenerated sequences (regen .npz) instead
+    heldout_seqs: str | None = None     # with seqs: held-out ones (default: every heldout_every-th)
+    tokenizer: str | None = None        # with seqs: their tokenizer.json (or a dir holding one)
     # bookkeeping
     eval_every: int = 250
     eval_batches: int = 8               # held-out batches per periodic eval (final eval: all)
@@ -80,7 +85,20 @@ class TrainConfig:
         keep = ("steps", "batch", "seq_len", "lr", "warmup", "weight_decay", "clip", "seed",
                 "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab",
                 "max_bytes", "heldout_every")
-        return {k: getattr(self, k) for k in keep}
+        fp = {k: getattr(self, k) for k in keep}
+        if self.seqs:   # only then, so runs from before --seqs existed still resume
+            fp["data"] = "seqs"
+        return fp
+
+    def prepare_data(self, log=print):
+        """``(tokenizer, train rows, held-out rows, info)``: see :mod:`jspec.train.data`."""
+        if self.seqs:
+            if not self.tokenizer:
+                raise ValueError("--seqs needs --tokenizer (the target's tokenizer.json)")
+            return D.prepare_seqs(self.out, self.seq_len, self.seqs, self.tokenizer,
+                                  self.heldout_seqs, self.heldout_every, log=log)
+        return D.prepare(self.out, self.seq_len, self.vocab, self.max_bytes, self.heldout_every,
+                         self.corpus_root, log=log)
 
 
 # ----------------------------------------------------------------------------- model
@@ -100,44 +118,59 @@ def forward_logits(cfg: LlamaConfig, params, tokens: jax.Array) -> jax.Array:
     return model.apply({"params": params}, hidden, method=Llama.logits)
 
 
-def row_losses(cfg: LlamaConfig, params, batch: jax.Array) -> jax.Array:
-    """Per-row mean next-token cross-entropy (nats) of ``batch [B, T+1]`` -> ``[B]``."""
-    logits = forward_logits(cfg, params, batch[:, :-1])
-    tgt = batch[:, 1:]
+def row_losses(cfg: LlamaConfig, params, batch: jax.Array, masked: bool = False) -> jax.Array:
+    """Per-row mean next-token cross-entropy (nats) of ``batch [B, T+1]`` -> ``[B]``.
+
+    ``masked``: rows are padded with ``D.PAD_ID`` (``--seqs``); a row's mean is over its real
+    targets only (padding is after them, so causal attention never lets it reach them).
+    """
+    inputs, tgt = batch[:, :-1], batch[:, 1:]
+    if masked:
+        valid = tgt != D.PAD_ID
+        inputs, tgt = jnp.maximum(inputs, 0), jnp.maximum(tgt, 0)
+    logits = forward_logits(cfg, params, inputs)
     logz = jax.nn.logsumexp(logits, axis=-1)
     gold = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0]
-    return jnp.mean(logz - gold, axis=-1)
+    if not masked:
+        return jnp.mean(logz - gold, axis=-1)
+    return (jnp.sum(jnp.where(valid, logz - gold, 0.0), axis=-1)
+            / jnp.maximum(jnp.sum(valid, axis=-1), 1))
 
 
-def loss_fn(cfg: LlamaConfig, params, batch: jax.Array) -> jax.Array:
-    return jnp.mean(row_losses(cfg, params, batch))
+def loss_fn(cfg: LlamaConfig, params, batch: jax.Array, masked: bool = False) -> jax.Array:
+    """Mean loss per target token of the batch."""
+    if not masked:
+        return jnp.mean(row_losses(cfg, params, batch))
+    n = jnp.sum(batch[:, 1:] != D.PAD_ID, axis=-1)
+    return jnp.sum(row_losses(cfg, params, batch, True) * n) / jnp.maximum(jnp.sum(n), 1)
 
 
 @functools.lru_cache(maxsize=8)
 def compiled_steps(cfg: LlamaConfig, lr: float, warmup: int, steps: int, weight_decay: float,
-                   clip: float):
+                   clip: float, masked: bool = False):
     """``(tx, train_step, eval_step)``, cached so equal settings reuse the compiled programs."""
     tx = make_optimizer(lr, warmup, steps, weight_decay, clip)
-    return (tx, *make_steps(cfg, tx))
+    return (tx, *make_steps(cfg, tx, masked))
 
 
-def make_steps(cfg: LlamaConfig, tx):
+def make_steps(cfg: LlamaConfig, tx, masked: bool = False):
     @jax.jit
     def train_step(state: TrainState, batch):
-        loss, grads = jax.value_and_grad(lambda p: loss_fn(cfg, p, batch))(state.params)
+        loss, grads = jax.value_and_grad(lambda p: loss_fn(cfg, p, batch, masked))(state.params)
         key, _ = jax.random.split(state.key)  # no dropout; kept so the key advances like a real run
         gnorm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree_util.tree_leaves(grads)))
         return state.apply_gradients(grads, tx).replace(key=key), loss, gnorm
 
     @jax.jit
     def eval_step(params, batch):
-        return row_losses(cfg, params, batch)
+        return row_losses(cfg, params, batch, masked)
 
     return train_step, eval_step
 
 
 def evaluate(eval_step, params, seqs: np.ndarray, batch: int, max_batches: int | None = None):
-    """Mean held-out loss per token over ``seqs`` (the last batch padded, padding ignored)."""
+    """Mean held-out loss per target token over ``seqs`` (the last batch padded by repeating
+    rows, which are ignored; ``D.PAD_ID`` targets are not counted)."""
     nb = math.ceil(len(seqs) / batch)
     if max_batches is not None:
         nb = min(nb, max_batches)
@@ -148,8 +181,9 @@ def evaluate(eval_step, params, seqs: np.ndarray, batch: int, max_batches: int |
         if k < batch:  # one compiled shape: pad by repetition, count only the real rows
             rows = np.concatenate([rows, np.repeat(rows[:1], batch - k, axis=0)])
         losses = np.asarray(eval_step(params, jnp.asarray(rows, jnp.int32)))
-        total += float(np.sum(losses[:k], dtype=np.float64))
-        count += k
+        n = np.sum(rows[:k, 1:] != D.PAD_ID, axis=1)
+        total += float(np.sum(losses[:k] * n, dtype=np.float64))
+        count += int(np.sum(n))
     return total / max(count, 1)
 
 
@@ -163,11 +197,10 @@ def train(tc: TrainConfig, log=print):
     """Run (or resume) training. Returns ``(state, model_cfg, tokenizer, summary dict)``."""
     out = Path(tc.out)
     out.mkdir(parents=True, exist_ok=True)
-    tok, train_seqs, held_seqs, info = D.prepare(out, tc.seq_len, tc.vocab, tc.max_bytes,
-                                                 tc.heldout_every, tc.corpus_root, log=log)
+    tok, train_seqs, held_seqs, info = tc.prepare_data(log=log)
     cfg = tc.model_config(tok.get_vocab_size())
     tx, train_step, eval_step = compiled_steps(cfg, tc.lr, tc.warmup, tc.steps,
-                                               tc.weight_decay, tc.clip)
+                                               tc.weight_decay, tc.clip, bool(tc.seqs))
     key = jax.random.PRNGKey(tc.seed)
     init_key, run_key = jax.random.split(key)
     state = TrainState.create(init_params(cfg, init_key), tx, run_key)
@@ -186,7 +219,8 @@ def train(tc: TrainConfig, log=print):
         f"heads {cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim}, mlp {cfg.intermediate_size}, "
         f"vocab {cfg.vocab_size}, tied embeddings)")
     it = D.BatchIterator(train_seqs, tc.batch, tc.seed, pos=int(state.data_pos))
-    tokens_per_step = tc.batch * tc.seq_len
+    # target tokens per step (fewer than batch x seq_len with --seqs' padding)
+    tokens_per_step = tc.batch * float(np.mean(np.sum(train_seqs[:, 1:] != D.PAD_ID, axis=1)))
     meta = {"config": tc.fingerprint()}
     hist_path = out / "history.jsonl"
 
@@ -220,7 +254,7 @@ def train(tc: TrainConfig, log=print):
         if tc.eval_every and s % tc.eval_every == 0 and s != tc.steps:
             hl = evaluate(eval_step, state.params, held_seqs, tc.batch, tc.eval_batches)
             echo(f"step {s}: train loss {np.mean(recent):.4f}, held-out loss {hl:.4f} "
-                 f"(ppl {math.exp(hl):.2f}), {s * tokens_per_step:,} tokens, "
+                 f"(ppl {math.exp(hl):.2f}), {round(s * tokens_per_step):,} tokens, "
                  f"{time.time() - t0:.0f}s")
             record(step=s, train_loss=float(np.mean(recent)), heldout_loss=hl,
                    wall_s=time.time() - t0)
@@ -229,18 +263,22 @@ def train(tc: TrainConfig, log=print):
     if bar is not None:
         bar.close()
     wall = time.time() - t0
-    summary = {"params": n_params, "step": int(state.step), "tokens_seen": int(state.step) * tokens_per_step,
+    summary = {"params": n_params, "step": int(state.step),
+               "tokens_seen": round(int(state.step) * tokens_per_step),
                "wall_s_this_run": wall, "train_loss_last20": float(np.mean(recent)) if recent else None,
                "epochs": it.epoch, "train_tokens": int(info["train_tokens"])}
     if int(state.step) >= end:
         hl = evaluate(eval_step, state.params, held_seqs, tc.batch)
-        summary.update(heldout_loss=hl, heldout_ppl=math.exp(hl),
-                       heldout_bits_per_byte=hl * info["heldout_tokens"] / info["heldout_bytes"] / math.log(2))
+        summary.update(heldout_loss=hl, heldout_ppl=math.exp(hl))
+        bpb = ""
+        if "heldout_bytes" in info:   # the corpus (regenerated sequences do not record bytes)
+            summary["heldout_bits_per_byte"] = (hl * info["heldout_tokens"] / info["heldout_bytes"]
+                                                / math.log(2))
+            bpb = f", {summary['heldout_bits_per_byte']:.3f} bits/byte"
         tl = summary["train_loss_last20"]
         log(f"final: step {int(state.step)}, train loss (last 20 steps of this run) "
             f"{'n/a' if tl is None else f'{tl:.4f}'}, "
-            f"held-out loss {hl:.4f} (ppl {math.exp(hl):.2f}, "
-            f"{summary['heldout_bits_per_byte']:.3f} bits/byte), "
+            f"held-out loss {hl:.4f} (ppl {math.exp(hl):.2f}{bpb}), "
             f"{summary['tokens_seen']:,} tokens seen ({it.epoch:.2f} epochs)")
         record(step=int(state.step), train_loss=summary["train_loss_last20"], heldout_loss=hl,
                wall_s=wall, final=True)
@@ -261,8 +299,9 @@ def export(tc: TrainConfig, state: TrainState, cfg: LlamaConfig, tok, log=print)
     size = sum(f.stat().st_size for f in Path(tc.export).rglob("*") if f.is_file())
     loaded = jspec.load_target(tc.export)
     ref = Target(cfg, state.params, D.hf_tokenizer(tok))
-    _, held, _ = D.prepare(tc.out, tc.seq_len, log=lambda *_: None)[1:]
-    eval_step = compiled_steps(cfg, tc.lr, tc.warmup, tc.steps, tc.weight_decay, tc.clip)[2]
+    held = tc.prepare_data(log=lambda *_: None)[2]
+    eval_step = compiled_steps(cfg, tc.lr, tc.warmup, tc.steps, tc.weight_decay, tc.clip,
+                               bool(tc.seqs))[2]
     hl32 = evaluate(eval_step, state.params, held, tc.batch)
     hlx = evaluate(eval_step, loaded.params, held, tc.batch)
     prompt = "def fibonacci(n):"
@@ -320,7 +359,8 @@ def parse_args(argv=None) -> TrainConfig:
         else:
             d = getattr(defaults, f.name)
             typ = {"int": int, "float": float, "str": str}.get(type(d).__name__, str)
-            if f.name in ("stop_at", "alias", "export", "corpus_root"):
+            if f.name in ("stop_at", "alias", "export", "corpus_root", "seqs", "heldout_seqs",
+                          "tokenizer"):
                 typ = str
             if f.name == "stop_at":
                 typ = int

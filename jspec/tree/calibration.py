@@ -86,7 +86,8 @@ def check(drafter, spec) -> None:
         pooled = registry.names(lambda k: getattr(k.module, "has_pool", False) is True)
         raise CalibrationError(
             f"selection={spec.selection!r} ranks the candidates of a dynamic (EAGLE-2) tree; a "
-            f"{drafter.kind} drafter has none (one of: {', '.join(pooled)})")
+            f"{drafter.kind} drafter drafts a fixed tree, without a candidate pool (kinds with "
+            f"one: {', '.join(pooled)})")
     table = table_of(drafter)
     if table is None:
         raise CalibrationError(
