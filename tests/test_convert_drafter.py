@@ -131,7 +131,7 @@ def test_refusals(tmp_path, target_dir, capsys):
     assert "already exists" in last_line(capsys) and os.listdir(tmp_path / "out") == []
     assert convert(src, tmp_path / "out", "--target", target_dir, "--to", "hf",
                    "--layout", "vllm", "--overwrite") == 2
-    assert "--layout picks Medusa's" in last_line(capsys)
+    assert "drafter, whose HF layouts are" in last_line(capsys)
     assert os.listdir(tmp_path / "out") == []
     assert convert(src, src, "--target", target_dir, "--overwrite") == 2
     assert "DST is SRC" in last_line(capsys)

@@ -50,7 +50,8 @@ def test_the_target_as_its_own_draft_model_accepts_every_draft(target, plain):
     assert res.stats[0]["iterations"] == 4, res.stats
 
 
-@pytest.mark.parametrize("batch", [1, 4], ids=["batch1", "ragged4"])
+@pytest.mark.parametrize("batch", [pytest.param(1, marks=pytest.mark.slow), 4],
+                         ids=["batch1", "ragged4"])
 @pytest.mark.parametrize("spec", SPECS, ids=["chain", "tree"])
 def test_greedy_identical_to_plain(target, plain, spec, batch):
     d = make_drafter("model", CFG, jax.random.key(3), num_layers=1)
@@ -59,6 +60,7 @@ def test_greedy_identical_to_plain(target, plain, spec, batch):
     assert res.tokens == plain.tokens[:batch]
 
 
+@pytest.mark.slow
 def test_a_cut_down_target_drafts_well(target, plain):
     """Two of the target's three layers, as a draft model: drafts accepted, output exact (a
     random target's layers agree only loosely: about 1.2 tokens per verify)."""
@@ -74,7 +76,7 @@ def test_loads_any_target_checkpoint_by_path_and_from_the_cli(tmp_path, target, 
     small = LlamaConfig(**{**CFG.__dict__, "num_layers": 1})
     draft = jspec.Target(small, init_params(small, jax.random.key(5)))
     save_orbax(draft, tmp_path / "draft")
-    d1 = load_drafter(tmp_path / "draft", CFG, kind="model")
+    d1 = load_drafter(tmp_path / "draft", CFG)            # a target checkpoint: a draft model
     d2 = load_drafter_arg(f"model:{tmp_path / 'draft'}", target)
     assert d1.kind == d2.kind == "model" and d1.module.layer.num_layers == 1
     np.testing.assert_array_equal(d1.params["net"]["layers_0"]["mlp"]["down_proj"]["kernel"],

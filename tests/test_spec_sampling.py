@@ -101,7 +101,9 @@ def test_ngram_sampling_matches_enumeration(target, exact):
     assert hist[2:].sum() > 1000, hist
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(3, 2, 6), SpecConfig.chain(3)], ids=["tree", "chain"])
+@pytest.mark.parametrize("spec", [SpecConfig(3, 2, 6),
+                                  pytest.param(SpecConfig.chain(3), marks=pytest.mark.slow)],
+                         ids=["tree", "chain"])
 def test_draft_model_sampling_matches_enumeration(target, exact, spec):
     """An independent draft model (the target's first layer, cut off) drafts from its own
     tokens and KV: the output stays distributed exactly as the target's."""

@@ -61,11 +61,21 @@ from jspec.drafters.orbax_format import save_drafter
 from jspec.tree import calibration
 
 
+def _claimed(d: Path) -> registry.DrafterKind | None:
+    """The kind that claims a directory that is not a drafter checkpoint (a draft model's)."""
+    if (d / DRAFTER_CONFIG_FILE).is_file():
+        return None
+    return next((k for k in registry.KINDS.values() if k.claims is not None and k.claims(d)), None)
+
+
 def detect_drafter_kind(path: str | os.PathLike) -> str:
     """The kind of drafter a directory holds (``"eagle3"``, ``"medusa"``, ...)."""
     d = Path(path)
     if (d / DRAFTER_CONFIG_FILE).is_file():
         return orbax_format.read_meta(d)["kind"]
+    claimed = _claimed(d)
+    if claimed is not None:
+        return claimed.name
     cfg = read_config(d, DRAFTER_CONFIG_FILE)
     with Tensors(d) as ts:
         return hf_io.resolve_kind(cfg, ts, None).name
@@ -107,7 +117,7 @@ def _load_drafter(path, target_config, dtype=None, *, kind=None, aux_layers=None
     if not d.is_dir():
         raise CheckpointError(f"{d}: a drafter checkpoint is a directory")
     dtype = dtype_name(dtype, target)
-    entry = registry.kind(kind) if kind is not None else None
+    entry = registry.kind(kind) if kind is not None else _claimed(d)
     if (d / DRAFTER_CONFIG_FILE).is_file():
         module, params = orbax_format.load_orbax(d, target, dtype, mesh)
         if kind is not None and module.kind != kind:

@@ -137,9 +137,15 @@ def _build(target_cfg: LlamaConfig, key, num_layers: int = 2, **overrides):
     return module, module.init_params(key, target_cfg)
 
 
+def _claims(d) -> bool:
+    """A jspec Orbax target checkpoint (what ``jspec.convert`` and ``train.lm`` write)."""
+    from jspec.checkpoint.orbax_io import CONFIG_FILE
+    return (d / CONFIG_FILE).is_file()
+
+
 ENTRY = register(DrafterKind(
     name="model", module=DraftModel, default_spec=SpecConfig(5, 4, 8), build=_build,
     modes={"chain": SpecConfig.chain(5), "default": SpecConfig(5, 4, 8),
            "wide": SpecConfig(6, 8, 32)},
-    features="tokens", load=load,
+    features="tokens", load=load, claims=_claims,
     from_arg=lambda path, target: load(path, target)))

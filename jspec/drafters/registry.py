@@ -19,10 +19,11 @@ What an entry holds:
   one, for kinds whose checkpoints are not drafter checkpoints (or that have none);
 - ``hf``: its published Hugging Face layouts (:class:`jspec.drafters.hf_layout.HFLayout`),
   read and written by :mod:`jspec.drafters.hf_io` (None: jspec's Orbax format only);
-- ``feature_source`` and cache slots are properties of an instance (they depend on its
-  fields: EAGLE-3's aux layers, the model drafter's extra slot), so they are protocol
-  methods (``features``, ``target_layers``, ``cache_slots``), declared here by ``features``:
-  ``"final"``, ``"aux"``, ``"tokens"`` or ``"none"``, for documentation and listings.
+- ``features``: what it reads of the target, ``"final"`` (post-norm hidden), ``"aux"``
+  (concatenated aux states), ``"tokens"`` (the input ids) or ``"none"``. What exactly, and
+  its cache slots, depend on an instance's fields (EAGLE-3's aux layers, the draft model's
+  extra slot), so the object computes them (protocol ``features``, ``target_layers``,
+  ``cache_slots``); the entry declares the kind's source for listings and documentation.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class DrafterKind:
     # checkpoints (a draft model is a target checkpoint): ``(path, target, dtype) -> (module,
     # params)``.
     load: Callable[..., tuple[Any, Any]] | None = None
+    # ``claims(directory) -> bool``: a directory ``load_drafter`` should read with ``load``
+    # when no kind is given (a draft model's target checkpoint).
+    claims: Callable[[Any], bool] | None = None
     # ``--drafter KIND[:ARGS]``: ``(args, target) -> (module, params)`` (ngram's n, a path).
     from_arg: Callable[[str, Any], tuple[Any, Any]] | None = None
     saveable: bool = True                    # jspec's Orbax drafter format
