@@ -62,6 +62,7 @@ def test_refuses_impossible_knobs_before_compiling(stories):
         ngram_drafter(target.config, 3, 2)
 
 
+@pytest.mark.slow
 def test_repetitive_prompt_on_the_shipped_model_accepts_three_tokens_per_verify():
     """Prompt lookup pays where text repeats: a list of similar entries on the shipped model
     (measured 3.1 tokens per verify for chain(4), 3.6 for chain(6); plain decoding's tokens)."""

@@ -98,6 +98,7 @@ def test_loss_decreases_and_resume_is_exact(tmp_path, corpus_root):
         train(tiny(tmp_path / "b", corpus_root, lr=5e-3), log=lambda *_: None)
 
 
+@pytest.mark.slow
 def test_train_on_regenerated_seqs(tmp_path, corpus_root):
     """``--seqs``: one sequence per row, padded; padding is never a target (the held-out loss
     equals the per-token mean of the sequences run alone, unpadded); resume is exact."""

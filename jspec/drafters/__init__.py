@@ -1,5 +1,6 @@
-"""Drafters behind one protocol (see :mod:`jspec.drafters.base`): Medusa, EAGLE-1,
-EAGLE-3, MTP, n-gram prompt lookup (no weights), and an oracle for tests and benchmarks."""
+"""Drafters behind one protocol (:mod:`jspec.drafters.protocol`), one registry entry per kind
+(:mod:`jspec.drafters.registry`): EAGLE-3, EAGLE-1, MTP, Medusa, n-gram prompt lookup (no
+weights), an independent draft model, and an oracle for tests and benchmarks."""
 
 from __future__ import annotations
 
