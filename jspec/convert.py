@@ -15,7 +15,7 @@ against the target they are paired with (only its config is read)::
 Failures print one line naming the offending tensor or field and exit with status 2,
 before anything is written. DST is assembled in a hidden sibling directory and renamed
 into place only once everything has been written (the savers share
-:func:`jspec.checkpoint.orbax_io.move_into_place`), so a failed or interrupted
+:func:`jspec.checkpoint.orbax_io.atomic_dir`), so a failed or interrupted
 conversion leaves no DST behind, and ``--overwrite`` keeps the old DST until the new one
 is complete.
 """
@@ -124,10 +124,11 @@ def drafter_main(argv=None) -> int:
             bar.update()
             bar.set_postfix_str(stages[2])
             if a.to == "hf":
-                if a.layout is not None and a.layout not in drafter.entry.hf.layouts:
+                layouts = drafter.entry.hf.layouts if drafter.entry.hf is not None else ()
+                if a.layout is not None and a.layout not in layouts:
                     raise ValueError(f"--layout {a.layout}: {a.src} holds a {drafter.kind} "
                                      f"drafter, whose HF layouts are "
-                                     f"{list(drafter.entry.hf.layouts) or 'one, unnamed'}")
+                                     f"{list(layouts) or 'one, unnamed (or none)'}")
                 save_hf_drafter(drafter, a.dst, layout=a.layout, target_config=cfg,
                                 overwrite=a.overwrite)
             else:

@@ -281,8 +281,9 @@ def test_train_cli_with_draft_vocab(train_setup, kind):
     freqs = F.token_frequencies(data["tokens"], data["lens"], TCFG.vocab_size)
     _, ids = DV.build_d2t(freqs, TVD)
     np.testing.assert_array_equal(DV.kept_ids(trained.params, TVD), ids)
+    arch = {"num_heads": 2} if kind == "medusa" else {}       # the CLI's --medusa-heads 2
     fresh = D.build_drafter(kind, TCFG, target.params, jax.random.key(0), draft_vocab=TVD,
-                            freqs=freqs, medusa_heads=2)
+                            freqs=freqs, **arch)
     assert fresh.module == trained.module
     before, after = _losses([fresh, trained], target, data)
     assert np.isfinite(before) and after < before, (kind, before, after)

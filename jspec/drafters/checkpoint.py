@@ -47,7 +47,6 @@ own file's registry entry.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -63,8 +62,6 @@ from jspec.tree import calibration
 
 def _claimed(d: Path) -> registry.DrafterKind | None:
     """The kind that claims a directory that is not a drafter checkpoint (a draft model's)."""
-    if (d / DRAFTER_CONFIG_FILE).is_file():
-        return None
     return next((k for k in registry.KINDS.values() if k.claims is not None and k.claims(d)), None)
 
 
@@ -117,27 +114,28 @@ def _load_drafter(path, target_config, dtype=None, *, kind=None, aux_layers=None
     if not d.is_dir():
         raise CheckpointError(f"{d}: a drafter checkpoint is a directory")
     dtype = dtype_name(dtype, target)
-    entry = registry.kind(kind) if kind is not None else _claimed(d)
     if (d / DRAFTER_CONFIG_FILE).is_file():
+        # Restored straight into the mesh's shardings, maps included.
         module, params = orbax_format.load_orbax(d, target, dtype, mesh)
         if kind is not None and module.kind != kind:
             raise CheckpointError(f"{d}: holds a {module.kind} drafter, kind={kind!r} was asked for")
         if aux_layers is not None and tuple(aux_layers) != module.target_layers:
             raise ValueError(f"aux_layers={tuple(aux_layers)}: a jspec checkpoint stores its "
                              f"own ({module.target_layers})")
-        drafter = Drafter(module, params, source=str(d))
-    elif entry is not None and entry.load is not None:
+        return Drafter(module, params, source=str(d))
+    entry = registry.kind(kind) if kind is not None else _claimed(d)
+    if entry is not None and entry.load is not None:
+        if aux_layers is not None:
+            raise ValueError(f"aux_layers= does not apply to a {entry.name} drafter")
         module, params = entry.load(d, target_config, dtype)
-        drafter = Drafter(module, params, source=str(d))
     else:
         cfg = read_config(d, DRAFTER_CONFIG_FILE)
         module, params = hf_io.load_hf(d, cfg, target, dtype, kind, mesh, aux_layers=aux_layers)
-        drafter = Drafter(module, params, source=str(d))
-    if mesh is not None:          # the small maps are replicated
+    drafter = Drafter(module, params, source=str(d))
+    if mesh is not None:          # what the reader did not place (the small maps) is replicated
         from jspec.sharding import shard_drafter
         drafter = shard_drafter(drafter, target, mesh)
-    return dataclasses.replace(drafter, source=str(d))
-
+    return drafter
 
 __all__ = ["load_drafter", "save_drafter", "save_hf_drafter", "detect_drafter_kind",
            "state_dict_from_drafter", "DRAFTER_CONFIG_FILE"]

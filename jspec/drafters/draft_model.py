@@ -122,12 +122,9 @@ def load(path, target, dtype=None) -> tuple[DraftModel, dict]:
     from jspec.checkpoint import load_target
     cfg = getattr(target, "config", target)
     draft = load_target(path, dtype=dtype if dtype is not None else cfg.dtype)
-    if draft.config.vocab_size != cfg.vocab_size:
-        raise DrafterMismatchError(
-            f"{path}: draft model has a vocabulary of {draft.config.vocab_size} tokens, the "
-            f"target {cfg.vocab_size}: a draft model must share the target's tokenizer")
+    module, params = from_target(draft, cfg)         # the vocabulary sizes first
     check_tokenizers(target, draft)
-    return from_target(draft, cfg)
+    return module, params
 
 
 def _build(target_cfg: LlamaConfig, key, num_layers: int = 2, **overrides):

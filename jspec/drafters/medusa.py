@@ -198,10 +198,7 @@ _FD_KEY = re.compile(r"\d+\.\d+\.linear\.weight")
 
 
 def _table(module: Medusa, layout, num_target_layers) -> list:
-    layout = layout or "fasterdecoding"
-    if layout not in TABLES:
-        raise ValueError(f"medusa layout {layout!r}: one of {LAYOUTS}")
-    block, lm = TABLES[layout]
+    block, lm = TABLES[layout]         # read by _read, or checked by _write_layout
     L = module.num_layers
     out = []
     for i in range(module.num_heads):

@@ -73,10 +73,12 @@ def cmd_features(a):
 
 
 def cmd_train(a):
+    import dataclasses
+
     import jax
 
     import jspec
-    from jspec.drafters import save_drafter
+    from jspec.drafters import registry, save_drafter
     from jspec.train import drafter as D
     from jspec.train import features as F
     target = jspec.load_target(a.target)
@@ -88,10 +90,12 @@ def cmd_train(a):
     if a.draft_vocab:
         kw = dict(draft_vocab=a.draft_vocab,
                   freqs=F.token_frequencies(data["tokens"], data["lens"], target.config.vocab_size))
-    # Architecture fields the kind has (build_drafter keeps only those): EAGLE-3 reads the aux
-    # layers the features were cached for; Medusa takes its head and block counts.
-    kw.update(aux_layers=tuple(meta["aux_layers"]), num_heads=a.medusa_heads,
-              num_layers=a.medusa_layers)
+    # The options that are fields of this kind's architecture: EAGLE-3 reads the aux layers
+    # the features were cached for; Medusa takes its head and block counts.
+    options = dict(aux_layers=tuple(meta["aux_layers"]), num_heads=a.medusa_heads,
+                   num_layers=a.medusa_layers)
+    fields = {f.name for f in dataclasses.fields(registry.kind(a.kind).module)}
+    kw.update({k: v for k, v in options.items() if k in fields})
     d = D.build_drafter(a.kind, target.config, target.params, jax.random.key(a.seed), **kw)
     lc = D.default_loss(a.kind)
     if a.unroll:

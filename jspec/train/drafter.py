@@ -92,8 +92,11 @@ def build_drafter(kind: str, target_cfg, target_params, key, *, draft_vocab: int
     head and MTP's / EAGLE-3's own heads start as copies of it.
     Medusa gets its own per-head LM heads (copies of the target's) and zero residual
     blocks, so every head starts out predicting the next token like the target.
+    ``arch``: fields of the kind's architecture (``aux_layers=``, ``num_heads=``, ...); None
+    keeps the kind's default.
     """
     family = _entry(kind).loss[0]
+    arch = {k: v for k, v in arch.items() if v is not None}
     V = target_cfg.vocab_size
     head = np.asarray(target_head(target_cfg, target_params))            # [H, V]
     vd = draft_vocab if draft_vocab and draft_vocab < V else 0
@@ -102,8 +105,6 @@ def build_drafter(kind: str, target_cfg, target_params, key, *, draft_vocab: int
         if freqs is None:
             raise ValueError("a reduced draft vocabulary needs token frequencies")
         _, ids = build_d2t(freqs, vd)
-    fields = {f.name for f in dataclasses.fields(registry.kind(kind).module)}
-    arch = {k: v for k, v in arch.items() if k in fields and v is not None}
     d = random_drafter(kind, target_cfg, key, vocab_size=FAMILIES[family].vocab(vd, V), **arch)
     d = FAMILIES[family].start(d)
     return Drafter(d.module, set_draft_vocab(d.module, d.params, ids, head))
