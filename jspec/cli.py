@@ -182,8 +182,8 @@ def default_model() -> Path:
 
 
 def _shippable_kinds() -> tuple[str, ...]:
-    from jspec.drafters import registry
-    return registry.names(lambda k: k.saveable)
+    from jspec.demo import DRAFTER_ORDER
+    return DRAFTER_ORDER
 
 
 def add_demo_args(p: argparse.ArgumentParser) -> None:

@@ -37,7 +37,9 @@ import jax
 
 from jspec.drafters import registry
 
-DRAFTER_ORDER = registry.names(lambda k: k.saveable)   # the shipped drafters' directories
+# The shipped drafters the demo picks among: those jspec.train trains and ships as drafter
+# checkpoints (drafters/KIND); the shipped draft model (drafters/model) is not one of them.
+DRAFTER_ORDER = registry.names(lambda k: k.trainable)
 FIRST_CHAIN = 4           # round 1's chain length: deep enough to see how acceptance decays
 CALIBRATION_PROMPTS = 3
 # The shipped model's most Python-like greedy text starts here (checkpoints/README.md).
