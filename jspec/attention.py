@@ -48,17 +48,27 @@ def _softmax_attend(qg, keys, values, visible, D):
     """GQA attention of ``qg [B, T, KVH, G, D]`` over key/value segments laid side by side
     (``keys[i], values[i]: [B, KVH, S_i, D]``, ``visible[i]`` broadcastable to
     ``[B, 1, 1, T, S_i]``), with one softmax across all segments. Scores, softmax and
-    accumulation are fp32; the cache is read in its own dtype (bf16 stays bf16 in memory)."""
+    accumulation are fp32; the cache is read in its own dtype (bf16 stays bf16 in memory).
+
+    XLA:CPU has no bf16 x bf16 -> fp32 dot (jax 0.10.2 fails at run time: "Unsupported
+    element type for DotThunk"), so on CPU a low-precision segment is widened inside the
+    product (fused into the gather there; CPU serving is fp32 anyway)."""
     hi = jax.lax.Precision.HIGHEST
-    scores = [jnp.where(vis, jnp.einsum("btkgd,bksd->bkgts", qg.astype(k.dtype), k, precision=hi,
+    widen = target_platform() == "cpu"
+
+    def operand(x):
+        return x.astype(jnp.float32) if widen else x
+
+    scores = [jnp.where(vis, jnp.einsum("btkgd,bksd->bkgts", operand(qg.astype(k.dtype)),
+                                        operand(k), precision=hi,
                                         preferred_element_type=jnp.float32) * (D ** -0.5), -jnp.inf)
               for k, vis in zip(keys, visible)]
     p = jax.nn.softmax(jnp.concatenate(scores, -1) if len(scores) > 1 else scores[0], axis=-1)
     out, start = 0.0, 0
     for v, sc in zip(values, scores):
         n = sc.shape[-1]
-        out = out + jnp.einsum("bkgts,bksd->btkgd", p[..., start:start + n].astype(v.dtype), v,
-                               precision=hi, preferred_element_type=jnp.float32)
+        out = out + jnp.einsum("bkgts,bksd->btkgd", operand(p[..., start:start + n].astype(v.dtype)),
+                               operand(v), precision=hi, preferred_element_type=jnp.float32)
         start += n
     return out
 

@@ -240,7 +240,7 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
 
 def run_tune(args) -> int:
     """Measure costs and acceptance, predict, confirm; see :mod:`jspec.tune`."""
-    from jspec import tune
+    from jspec import tune, tune_store
     from jspec.bench.plain import load, make_prompts
 
     target, _ = load(args.model, args.random_config)
@@ -271,7 +271,7 @@ def run_tune(args) -> int:
     if args.plot:
         tune.plot(res, args.plot)
     if args.store and drafter.source is not None and not args.forced_accept:
-        print(f"stored in {tune.store(res, drafter.source)}", file=sys.stderr)
+        print(f"stored in {tune_store.store(res, drafter.source)}", file=sys.stderr)
     return 0
 
 

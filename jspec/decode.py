@@ -23,7 +23,8 @@ from jax.sharding import Mesh
 
 from jspec import kernels, kv_cache as kvc
 from jspec.config import LlamaConfig
-from jspec.llama import forward, logits as lm_logits, pack_params
+from jspec.llama import forward, logits as lm_logits
+from jspec.serving_layout import pack_params
 from jspec.sampling import SamplingConfig, sample
 from jspec.shapes import Bool, Int, Key
 from jspec.sharding import constrain_kv, per_data_shard

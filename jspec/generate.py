@@ -180,7 +180,7 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     overshoot = 0
     if drafter is not None:
-        from jspec.tune import resolve_spec
+        from jspec.tune_store import resolve_spec
         spec = resolve_spec(drafter, spec, B)
         spec = spec if spec is not None else drafter.default_spec
         drafter.module.validate(target.config, drafter.params)

@@ -19,8 +19,6 @@ handful of kernels and checkpoint formats stay as they are.
 
 from __future__ import annotations
 
-import math
-import os
 from typing import Callable, Sequence
 
 import flax.linen as nn
@@ -32,52 +30,11 @@ from flax import struct
 from jspec import kv_cache as kvc
 from jspec.attention import paged_attention_ref, windowed_attention_ref
 from jspec.attention import prepare as prepare_attention
-from jspec.config import LlamaConfig, RopeConfig
-from jspec.platform import target_platform
+from jspec.config import LlamaConfig
+from jspec.rope import apply_rope, rope_inv_freq, rope_tables, rotate
+from jspec.serving_layout import is_stacked, linear, pack_params, precision, precision_of
 
 AttentionFn = Callable[..., jax.Array]
-
-
-def rope_inv_freq(rope: RopeConfig, head_dim: int) -> np.ndarray:
-    """Inverse frequencies, computed in float32 exactly as transformers does."""
-    inv = (1.0 / (np.float32(rope.theta) ** (np.arange(0, head_dim, 2, dtype=np.int64)
-                                              .astype(np.float32) / np.float32(head_dim))))
-    inv = inv.astype(np.float32)
-    if rope.rope_type == "llama3":
-        old = rope.original_max_position_embeddings
-        low_wl = old / rope.low_freq_factor
-        high_wl = old / rope.high_freq_factor
-        wavelen = (2 * np.pi / inv).astype(np.float32)
-        scaled = np.where(wavelen > low_wl, inv / rope.factor, inv).astype(np.float32)
-        smooth = ((old / wavelen - rope.low_freq_factor)
-                  / (rope.high_freq_factor - rope.low_freq_factor)).astype(np.float32)
-        smoothed = ((1 - smooth) * scaled / rope.factor + smooth * scaled).astype(np.float32)
-        medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
-        inv = np.where(medium, smoothed, scaled).astype(np.float32)
-    return inv
-
-
-def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
-    """``(cos, signed sin)``, each ``[B, T, 1, D]`` fp32, for ``positions: [B, T]``: the sin's
-    first half negated, so :func:`rotate` needs no negation. The same for every layer, so a
-    forward computes them once (see :func:`forward`)."""
-    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None]
-    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
-    half = freqs.shape[-1]
-    sign = jnp.asarray(np.r_[-np.ones(half), np.ones(half)].astype(np.float32))
-    return jnp.cos(emb), jnp.sin(emb) * sign
-
-
-def rotate(x: jax.Array, cos: jax.Array, signed_sin: jax.Array) -> jax.Array:
-    """Rotate-half RoPE of ``x: [B, T, H, D]`` with :func:`rope_tables`: ``x cos +
-    (x2, x1) * (-sin, sin)``, the halves swapped by one roll."""
-    xf = x.astype(jnp.float32)
-    return (xf * cos + jnp.roll(xf, x.shape[-1] // 2, axis=-1) * signed_sin).astype(x.dtype)
-
-
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-    """Rotate-half RoPE. ``x: [B, T, H, D]``, ``positions: [B, T]``."""
-    return rotate(x, *rope_tables(positions, inv_freq))
 
 
 class Linear(nn.Module):
@@ -99,7 +56,7 @@ class Linear(nn.Module):
             shape, axes = shape[::-1], axes[::-1]
         kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.normal(0.02),
                                                                    axes), shape, dt)
-        prec = _precision_of(self.dtype)
+        prec = precision_of(self.dtype)
         x = x.astype(dt)
         y = linear(x, kernel.astype(dt), prec) if self.out_major else jnp.einsum(
             "...k,kn->...n", x, kernel.astype(dt), precision=prec)
@@ -109,7 +66,7 @@ class Linear(nn.Module):
         return y
 
 
-def _dense(features, axes, cfg: LlamaConfig, name, out_major: bool = False, use_bias=False):
+def dense(features, axes, cfg: LlamaConfig, name, out_major: bool = False, use_bias=False):
     return Linear(features, axes, cfg.dtype, use_bias, out_major, name=name)
 
 
@@ -143,9 +100,9 @@ class Attention(nn.Module):
         c = self.cfg
         B, T, _ = x.shape
         om = self.out_major
-        q = _dense(c.num_heads * c.head_dim, ("embed", "heads"), c, "q_proj", om)(x)
-        k = _dense(c.num_kv_heads * c.head_dim, ("embed", "kv_heads"), c, "k_proj", om)(x)
-        v = _dense(c.num_kv_heads * c.head_dim, ("embed", "kv_heads"), c, "v_proj", om)(x)
+        q = dense(c.num_heads * c.head_dim, ("embed", "heads"), c, "q_proj", om)(x)
+        k = dense(c.num_kv_heads * c.head_dim, ("embed", "kv_heads"), c, "k_proj", om)(x)
+        v = dense(c.num_kv_heads * c.head_dim, ("embed", "kv_heads"), c, "v_proj", om)(x)
         inv = rope_inv_freq(c.rope, c.head_dim)
         q = apply_rope(q.reshape(B, T, c.num_heads, c.head_dim), positions, inv)
         k = apply_rope(k.reshape(B, T, c.num_kv_heads, c.head_dim), positions, inv)
@@ -156,7 +113,7 @@ class Attention(nn.Module):
         else:
             cache = kvc.write_layer(cache, layer, k, v, valid, offset)
             o = attention_fn(q, cache, layer, block_mask)
-        o = _dense(c.hidden_size, ("heads", "embed"), c, "o_proj", om)(o.reshape(B, T, -1))
+        o = dense(c.hidden_size, ("heads", "embed"), c, "o_proj", om)(o.reshape(B, T, -1))
         return o, cache
 
 
@@ -167,9 +124,9 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x):
         c, om = self.cfg, self.out_major
-        g = _dense(c.intermediate_size, ("embed", "mlp"), c, "gate_proj", om)(x)
-        u = _dense(c.intermediate_size, ("embed", "mlp"), c, "up_proj", om)(x)
-        return _dense(c.hidden_size, ("mlp", "embed"), c, "down_proj", om)(nn.silu(g) * u)
+        g = dense(c.intermediate_size, ("embed", "mlp"), c, "gate_proj", om)(x)
+        u = dense(c.intermediate_size, ("embed", "mlp"), c, "up_proj", om)(x)
+        return dense(c.hidden_size, ("mlp", "embed"), c, "down_proj", om)(nn.silu(g) * u)
 
 
 class DecoderLayer(nn.Module):
@@ -212,7 +169,7 @@ class Llama(nn.Module):
         self.layers = [DecoderLayer(c, name=f"layers_{i}") for i in range(c.num_layers)]
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.dtype)
         if not c.tie_word_embeddings:
-            self.lm_head = _dense(c.vocab_size, ("embed", "vocab"), c, "lm_head")
+            self.lm_head = dense(c.vocab_size, ("embed", "vocab"), c, "lm_head")
 
     def _create_params(self):
         c = self.cfg
@@ -251,163 +208,6 @@ class Llama(nn.Module):
         return self.logits(hidden), cache
 
 
-# ------------------------------------------------------------------ packed layout
-# The serving layout: the layer stack stacked on a leading axis where the forward scans it
-# (the compiled graph and compile time do not grow with depth), q/k/v fused into one
-# kernel and gate/up into another (one matmul each). q/k/v are grouped by KV head,
-# ``[KVH, G + 2, D, H]`` (that KV head's G query heads, then its key, then its value), so
-# sharding the KV-head axis over a mesh keeps each head's q, k and v together.
-#
-# Every projection is stored output-major, ``[out..., in]`` (PyTorch's ``Linear`` layout,
-# the transpose of the checkpoints' Flax kernels). On TPU and GPU either order is native to
-# the matmul units; on XLA:CPU it decides the speed of the verify pass: Eigen multiplies a
-# few tokens by an ``[out, in]`` matrix into an ``[out, tokens]`` result about 3x faster than
-# into ``[tokens, out]`` (measured here, 768 x 24576 fp32: 8 tokens 5.1 ms vs 16.8 ms; one
-# token 3-4 ms either way). See :func:`linear`.
-
-def is_packed(params) -> bool:
-    return "layers" in params
-
-
-def is_stacked(packed) -> bool:
-    """Stacked (one array per kind, a leading layer axis, scanned) or per-layer (unrolled)."""
-    return isinstance(packed["layers"], dict)
-
-
-STACKED_ENV = "JSPEC_STACKED_LAYERS"
-
-
-def default_stacked() -> bool:
-    """Scan the layer stack except on CPU. XLA:CPU copies a scanned layer's weight slice
-    before each matmul (it cannot read a dynamic slice in place), which made a 100M-parameter
-    decode step 2.4x slower (80 ms vs 33 ms, measured here); on TPU and GPU the slice is read
-    in place and the scan keeps the compiled graph and compile time independent of depth.
-
-    ``JSPEC_STACKED_LAYERS=1`` (or ``0``) overrides the backend's choice. The test suite sets
-    it: its tiny models run in no time either way, and the scan compiles faster (a stories260K
-    EAGLE-3 generate: 7.2 s -> 5.8 s here)."""
-    env = os.environ.get(STACKED_ENV, "").strip().lower()
-    if env:
-        if env not in ("0", "1", "true", "false"):
-            raise ValueError(f"{STACKED_ENV}={env!r}: expected 1 or 0")
-        return env in ("1", "true")
-    return target_platform() != "cpu"
-
-
-def pack_params(cfg: LlamaConfig, params, stacked: bool | None = None) -> dict:
-    """Checkpoint layout (``layers_{i}.self_attn.q_proj`` ...) -> packed layout.
-
-    ``stacked`` (default :func:`default_stacked`): ``layers`` is one dict of ``[L, ...]``
-    arrays (the forward scans it) or a tuple of per-layer dicts (unrolled). Packed params
-    are returned as they are when ``stacked`` is None, else converted to the asked layout.
-    """
-    if is_packed(params):
-        if stacked is None or stacked == is_stacked(params):
-            return params
-        layers = params["layers"]
-        if stacked:
-            layers = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *layers)
-        else:
-            layers = tuple(jax.tree_util.tree_map(lambda x: x[i], layers)
-                           for i in range(cfg.num_layers))
-        return {**params, "layers": layers}
-    stacked = default_stacked() if stacked is None else stacked
-    c = cfg
-    H, KVH, D = c.hidden_size, c.num_kv_heads, c.head_dim
-    G = c.num_heads // KVH
-
-    def layer(lp):
-        a, m = lp["self_attn"], lp["mlp"]
-        qkv = jnp.concatenate([a["q_proj"]["kernel"].reshape(H, KVH, G, D),
-                               a["k_proj"]["kernel"].reshape(H, KVH, 1, D),
-                               a["v_proj"]["kernel"].reshape(H, KVH, 1, D)], axis=2)
-        return {
-            "ln1": lp["input_layernorm"]["scale"],
-            "qkv": jnp.moveaxis(qkv, 0, -1),                                   # [KVH, G+2, D, H]
-            "o": a["o_proj"]["kernel"].T,                                      # [H, Hq*D]
-            "ln2": lp["post_attention_layernorm"]["scale"],
-            "gate_up": jnp.stack([m["gate_proj"]["kernel"].T,                  # [2, I, H]
-                                  m["up_proj"]["kernel"].T]),
-            "down": m["down_proj"]["kernel"].T,                                # [H, I]
-        }
-
-    layers = tuple(layer(params[f"layers_{i}"]) for i in range(c.num_layers))
-    if stacked:
-        layers = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *layers)
-    packed = {"embed": params["embed_tokens"]["embedding"], "norm": params["norm"]["scale"],
-              "layers": layers}
-    if not c.tie_word_embeddings:
-        packed["lm_head"] = params["lm_head"]["kernel"].T                     # [V, H]
-    return packed
-
-
-# Logical axis names of the packed (stacked) leaves (see jspec.sharding.LOGICAL_RULES);
-# per-layer leaves drop the leading "layers".
-PACKED_AXES = {
-    "embed": ("vocab", "embed"),
-    "norm": ("norm",),
-    "lm_head": ("vocab", "embed"),
-    "layers": {
-        "ln1": ("layers", "norm"),
-        "qkv": ("layers", "kv_heads", None, None, "embed"),
-        "o": ("layers", "embed", "heads"),
-        "ln2": ("layers", "norm"),
-        "gate_up": ("layers", None, "mlp", "embed"),
-        "down": ("layers", "embed", "mlp"),
-    },
-}
-
-
-def _precision_of(dtype) -> jax.lax.Precision | None:
-    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
-
-
-def _precision(cfg: LlamaConfig):
-    return _precision_of(cfg.dtype)
-
-
-def linear(x, w, precision=None):
-    """``x [..., in]`` times an output-major weight ``w [out..., in]`` -> ``[..., out...]``.
-
-    On CPU the product is formed as ``[out..., tokens]`` (the fast Eigen path for a few
-    tokens, see the packed layout's note) behind an optimization barrier, then transposed:
-    without the barrier XLA folds the transpose back into the dot and picks the slow
-    ``[tokens, out]`` product again. One token (a matrix-vector product, as fast either way),
-    more than :data:`CPU_FEW_TOKENS` tokens, and other backends: one plain contraction (the
-    barrier and transpose only add kernels; measured: they made the 3.4M-parameter default
-    model's plain decode step 2x slower)."""
-    lead, k = x.shape[:-1], x.shape[-1]
-    out = w.shape[:-1]
-    m = math.prod(lead)
-    if target_platform() != "cpu":
-        # The weight's output dims stay separate (no reshape of w): merging [2, I] of a
-        # gate/up pair sharded over I is not a tiled sharding, and the SPMD partitioner
-        # all-gathered the whole weight for it (an 8B MLP's 458 MB per layer per verify,
-        # `jspec.bench plan`). CPU keeps the reshaped forms below: the batch-1 plain step
-        # measured 1.3-1.5x slower on the shipped model with this one.
-        return jnp.einsum("mk,...k->m...", x.reshape(-1, k), w,
-                          precision=precision).reshape(lead + out)
-    if m == 1 or m > CPU_FEW_TOKENS:
-        return jnp.einsum("mk,nk->mn", x.reshape(-1, k), w.reshape(-1, k),
-                          precision=precision).reshape(lead + out)
-    x = x.reshape(-1, k)
-    pad = -m % CPU_TOKEN_MULTIPLE if m > CPU_TOKEN_MULTIPLE else 0
-    y = jnp.einsum("nk,mk->nm", w.reshape(-1, k), jnp.pad(x, ((0, pad), (0, 0))),
-                   precision=precision)
-    return jax.lax.optimization_barrier(y).T[:m].reshape(lead + out)
-
-
-# Past this many tokens (a prefill, a training batch) Eigen's product is a well-shaped GEMM
-# either way, and the barrier only blocks fusion: a 16-layer, 6.7M-parameter training step
-# (16 x 256 tokens) took 7.39 s through the few-token form and 6.58 s as one contraction.
-CPU_FEW_TOKENS = 64
-
-# Eigen's few-token product is fastest at a multiple of 4 tokens (measured: 5, 6 and 7 tokens
-# cost more than 8); blocks past 4 tokens are zero-padded up to one. One token stays a
-# matrix-vector product.
-CPU_TOKEN_MULTIPLE = 4
-
-
 def rms_norm(x, scale, eps: float):
     xf = x.astype(jnp.float32)
     xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
@@ -442,7 +242,7 @@ def decoder_layer(cfg: LlamaConfig, lp, x, shared: Shared, cache, layer,
     B, T, _ = x.shape
     KVH, D = c.num_kv_heads, c.head_dim
     G = c.num_heads // KVH
-    prec = _precision(c)
+    prec = precision(c)
     dt = jnp.dtype(c.dtype)
     h = rms_norm(x, lp["ln1"], c.rms_norm_eps).astype(dt)
     qkv = linear(h, lp["qkv"].astype(dt), prec)                          # [B, T, KVH, G+2, D]
@@ -505,7 +305,7 @@ def logits(cfg: LlamaConfig, packed, hidden):
     """fp32 logits from post-norm hidden states (the tied embedding or ``lm_head``)."""
     dt = jnp.dtype(cfg.dtype)
     head = packed["embed"] if cfg.tie_word_embeddings else packed["lm_head"]     # [V, H]
-    return linear(hidden.astype(dt), head.astype(dt), _precision(cfg)).astype(jnp.float32)
+    return linear(hidden.astype(dt), head.astype(dt), precision(cfg)).astype(jnp.float32)
 
 
 def init_params(cfg: LlamaConfig, key: jax.Array, unbox: bool = True):

@@ -3,7 +3,7 @@
 Usually ``jax.default_backend()``. A deviceless ahead-of-time compile (``python -m jspec.bench
 anatomy --aot v5e``: TPU programs compiled on a CPU host with libtpu) builds for another
 platform than the one jax runs on; inside :func:`building_for` the platform-dependent choices
-(the CPU product form of :func:`jspec.llama.linear`, the scanned layer stack, the kernels that
+(the CPU product form of :func:`jspec.serving_layout.linear`, the scanned layer stack, the kernels that
 ``kernels="auto"`` picks) follow the target platform instead of the host's.
 """
 

@@ -24,7 +24,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jspec.llama import PACKED_AXES, abstract_params, is_packed, pack_params
+from jspec.llama import abstract_params
+from jspec.serving_layout import PACKED_AXES, is_packed, pack_params
 from jspec.target import Target
 
 LOGICAL_RULES = (
@@ -101,7 +102,7 @@ def _is_axes(x) -> bool:
 
 
 def packed_param_shardings(mesh: Mesh, packed_shapes):
-    """NamedShardings for the packed layout (:data:`jspec.llama.PACKED_AXES`)."""
+    """NamedShardings for the packed layout (:data:`jspec.serving_layout.PACKED_AXES`)."""
     axes = {k: v for k, v in PACKED_AXES.items() if k in packed_shapes}
     if isinstance(packed_shapes["layers"], (list, tuple)):       # per-layer weights
         one = {k: v[1:] for k, v in PACKED_AXES["layers"].items()}

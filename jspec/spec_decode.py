@@ -28,7 +28,8 @@ from flax import struct
 from jspec import kernels, kv_cache as kvc
 from jspec.config import LlamaConfig
 from jspec.decode import MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, emit_block
-from jspec.llama import forward, logits as lm_logits, pack_params
+from jspec.llama import forward, logits as lm_logits
+from jspec.serving_layout import pack_params
 from jspec.sampling import SamplingConfig, sample, target_probs
 from jspec.sharding import constrain_kv, per_data_shard
 from jspec.shapes import Bool, Int, Key

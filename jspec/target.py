@@ -30,7 +30,7 @@ class Target:
 
     @functools.cached_property
     def serving_params(self):
-        """The parameters packed for serving (:func:`jspec.llama.pack_params`), computed once
+        """The parameters packed for serving (:func:`jspec.serving_layout.pack_params`), computed once
         on first use and placed like ``params`` (same mesh). This is a second copy of the
         weights: a caller short of memory can drop ``params`` after packing, e.g.
         ``Target(cfg, target.serving_params, tok)`` (the decoders accept either layout)."""

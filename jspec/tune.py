@@ -24,8 +24,8 @@ the drafter (how fast acceptance decays with depth), so it is measured, not gues
    to the best shape found.
 
 The pick is stored beside the drafter checkpoint (``jspec_tuning.json``, keyed by device kind
-and batch; written whole to a temporary file, then renamed), and ``generate(spec="auto")``
-reads it. A drafter with a calibration table (``python -m jspec.train calibrate``) is tuned
+and batch; written whole to a temporary file, then renamed: :mod:`jspec.tune_store`), and
+``generate(spec="auto")`` reads it. A drafter with a calibration table (``python -m jspec.train calibrate``) is tuned
 over both node-selection policies: every tree shape also runs as ``S,K,N/cal``
 (:mod:`jspec.tree.calibration`), and the pick records its policy. The E model here is the
 teacher-forced measurement of each shape.
@@ -34,22 +34,18 @@ teacher-forced measurement of each shape.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
-import tempfile
 import time
-from pathlib import Path
 from typing import Callable, Sequence
 
-import jax
 import numpy as np
 
 from jspec.spec_config import SpecConfig, SpecConfigError
+from jspec.tune_store import device_kind
 
 log = logging.getLogger("jspec")
 
-TUNING_FILE = "jspec_tuning.json"
 COST_NODES = (2, 4, 8, 16, 32, 64)      # t_V(N) is measured here, linearly interpolated between
 COST_TOPK = (1, 2, 4, 8)                # step(K) is measured for these K
 
@@ -143,7 +139,7 @@ def measure_costs(target, drafter, context: int, batch: int = 1, repeats: int = 
     """Time ``t_1``, ``t_V(N)`` and ``step(K)`` against a cache of ``context`` positions (see
     :func:`jspec.bench.spec.micro_costs`: random cache contents, every variant timed in
     turn, call by call). t_V(N) comes from chains of N nodes, step(K) from 3-step trees."""
-    from jspec.bench.spec import micro_costs
+    from jspec.bench.spec_simulate import micro_costs
     probes = [SpecConfig.chain(n - 1) for n in nodes]
     probes += [SpecConfig(3, k, 2 * k + 1) for k in topk if k > 1]
     m = micro_costs(target, context, repeats, specs=probes, drafter=drafter, batch=batch)
@@ -293,11 +289,6 @@ class TuneResult:
                                               for r in timed]))}
 
 
-def device_kind() -> str:
-    d = jax.devices()[0]
-    return f"{d.platform}:{getattr(d, 'device_kind', '') or d.platform}"
-
-
 def tune(target, drafter, prompts, *, batch: int = 1, new_tokens: int = 64,
          grid: Sequence[SpecConfig] | None = None, confirm: int = 3, exhaustive: bool = False,
          repeats: int = 2, cost_repeats: int = 10, calib_tokens: int | None = None,
@@ -379,58 +370,6 @@ def tune(target, drafter, prompts, *, batch: int = 1, new_tokens: int = 64,
     if exhaustive:
         result.confirm_pick = result.shortlist_pick(confirm, default)
     return result
-
-
-# --------------------------------------------------------------------------- the stored pick
-def _key(device: str, batch: int) -> str:
-    return f"{device}|batch={batch}"
-
-
-def store(result: TuneResult, drafter_dir: str | os.PathLike) -> Path:
-    """Add the pick to ``drafter_dir/jspec_tuning.json`` (other keys kept); written whole to
-    a temporary file in the same directory, then renamed over the old one."""
-    path = Path(drafter_dir) / TUNING_FILE
-    data = json.loads(path.read_text()) if path.is_file() else {"picks": {}}
-    best = next(r for r in result.rows if r["spec"] == result.pick)
-    data["picks"][_key(result.device, result.batch)] = {
-        "spec": [result.pick.num_steps, result.pick.topk, result.pick.num_draft_tokens],
-        "selection": result.pick.selection,
-        "tokens_per_s": best["tok/s meas"], "plain_tokens_per_s": result.plain_tokens_per_s,
-        "jax": jax.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
-    return path
-
-
-def stored_spec(drafter, batch: int, device: str | None = None) -> SpecConfig | None:
-    """The stored pick for this drafter (loaded from a directory), device kind and batch;
-    None when there is none."""
-    src = getattr(drafter, "source", None)
-    if src is None:
-        return None
-    path = Path(src) / TUNING_FILE
-    if not path.is_file():
-        return None
-    pick = json.loads(path.read_text()).get("picks", {}).get(_key(device or device_kind(), batch))
-    return None if pick is None else SpecConfig(*pick["spec"], pick.get("selection", "eagle2"))
-
-
-def resolve_spec(drafter, spec, batch: int):
-    """``spec="auto"``: the stored pick, else the drafter's default with a warning."""
-    if not (isinstance(spec, str) and spec == "auto"):
-        if isinstance(spec, str):
-            raise ValueError(f"spec={spec!r}: pass a SpecConfig, None (the drafter's default) "
-                             f"or 'auto' (the pick stored by `python -m jspec tune`)")
-        return spec
-    picked = stored_spec(drafter, batch)
-    if picked is None:
-        log.warning("spec='auto': no tuned pick for this drafter on %s at batch %d; using its "
-                    "default. Run `python -m jspec tune --model M --drafter D --prompts FILE "
-                    "--batch %d` to measure one.", device_kind(), batch, batch)
-        return drafter.default_spec
-    return picked
 
 
 def plot(result: TuneResult, path: str | os.PathLike) -> None:

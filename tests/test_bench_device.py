@@ -78,3 +78,15 @@ def test_a_section_over_its_cap_is_recorded_and_the_rest_run(tmp_path, monkeypat
     assert "section" in device.render(payload)
     spent = device.run_all(True, 5, only=["copy"], out_dir=str(tmp_path), log=lambda m: None)
     assert spent["sections"]["copy"]["status"] == "skipped"
+
+
+def test_pytest_outcomes_read_plain_and_xdist_output():
+    """The pytest section counts outcomes from ``pytest -v`` with and without xdist (the
+    project's addopts run xdist, whose lines put the outcome first)."""
+    text = ("tests/a.py::x PASSED [ 50%]\n"
+            "[gw1] [ 50%] PASSED tests/k.py::test_one \n"
+            "[gw0] [100%] FAILED tests/k.py::test_two[4-bf16] \n"
+            "tests/a.py::y SKIPPED (no torch)\n")
+    assert device.pytest_outcomes(text) == [
+        ("tests/a.py::x", "PASSED"), ("tests/k.py::test_one", "PASSED"),
+        ("tests/k.py::test_two[4-bf16]", "FAILED"), ("tests/a.py::y", "SKIPPED")]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec import decode, kv_cache as kvc, llama
+from jspec import decode, kv_cache as kvc, serving_layout
 from jspec.checkpoint import load_target, save_orbax
 from jspec.llama import init_params
 from jspec.sampling import SamplingConfig, filtered_logits
@@ -43,7 +43,7 @@ def assert_golden(target, golden):
 # CPU users run it unrolled by default, so the goldens are checked both ways.
 @pytest.mark.parametrize("stacked", ["1", "0"], ids=["scan", "per-layer"])
 def test_golden_greedy_from_hf(stories, golden, stacked, monkeypatch):
-    monkeypatch.setenv(llama.STACKED_ENV, stacked)
+    monkeypatch.setenv(serving_layout.STACKED_ENV, stacked)
     assert_golden(stories, golden)
 
 
@@ -196,3 +196,19 @@ class TestBadInput:
             jspec.generate(tiny, [[1]], temperature=1.0, top_p=0.0)
         with pytest.raises(ValueError, match="temperature"):
             jspec.generate(tiny, [[1]], temperature=-1.0)
+
+
+def test_bf16_target_runs_on_cpu_and_speculation_equals_plain():
+    """A bf16 target serves on CPU (XLA:CPU has no bf16 x bf16 -> fp32 dot: the reference
+    attention widens there), and prompt lookup over it emits plain decoding's tokens."""
+    from jspec.drafters import ngram_drafter
+    from jspec.spec_config import SpecConfig
+    cfg = jspec.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2,
+                            num_heads=4, num_kv_heads=2, head_dim=8, dtype="bfloat16")
+    target = jspec.Target(cfg, init_params(cfg, jax.random.key(1)))
+    prompts = [[5, 6, 7, 8] * 4, [9, 10, 11] * 3 + [9]]
+    plain = jspec.generate(target, prompts, max_new_tokens=[20, 13], stop_ids=[])
+    spec = jspec.generate(target, prompts, max_new_tokens=[20, 13], stop_ids=[],
+                          drafter=ngram_drafter(cfg), spec=SpecConfig.chain(3))
+    assert [len(t) for t in plain.tokens] == [20, 13]
+    assert spec.tokens == plain.tokens

@@ -18,7 +18,6 @@ through the target's layer scan).
 from __future__ import annotations
 
 import itertools
-import re
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +26,7 @@ import pytest
 
 from jspec import kernels
 from jspec import kv_cache as kvc
-from jspec import llama
+from jspec import llama, serving_layout
 from jspec.attention import paged_attention_ref
 from jspec.config import LlamaConfig
 from jspec.tree.build import pack_mask
@@ -340,8 +339,8 @@ def test_target_layer_scan_passes_whole_pools(monkeypatch, backend, platform, ta
     monkeypatch.setattr(kernels, "_backend", lambda mode: backend)
     cfg = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=256, num_layers=3,
                       num_heads=4, num_kv_heads=2, head_dim=128)
-    params = jax.eval_shape(lambda key: llama.pack_params(cfg, llama.init_params(cfg, key),
-                                                          stacked=True), jax.random.key(0))
+    params = jax.eval_shape(lambda key: serving_layout.pack_params(
+        cfg, llama.init_params(cfg, key), stacked=True), jax.random.key(0))
     B, N, ps, P, M = 2, 4, 16, 12, 5
     table = np.arange(B * M, dtype=np.int32).reshape(B, M)
     cache = jax.eval_shape(lambda: kvc.init_cache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,

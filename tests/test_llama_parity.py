@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from jspec import kv_cache as kvc
-from jspec import llama
+from jspec import llama, rope, serving_layout
 from jspec.config import LlamaConfig
 
 TOL = 1e-4
@@ -300,7 +300,7 @@ def test_rope_inv_freq_matches_hf(hf_case):
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
     cfg = LlamaConfig.from_hf(hf_case["hf_cfg"].to_dict())
     rot = LlamaRotaryEmbedding(hf_case["hf_cfg"])
-    ours = llama.rope_inv_freq(cfg.rope, cfg.head_dim)
+    ours = rope.rope_inv_freq(cfg.rope, cfg.head_dim)
     theirs = rot.inv_freq.to(torch.float32).numpy()
     np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=0)
 
@@ -399,8 +399,8 @@ def test_stacked_scan_equals_per_layer():
     pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
     outs = []
     for stacked in (True, False):
-        p = llama.pack_params(cfg, raw, stacked=stacked)
-        assert llama.is_stacked(p) == stacked
+        p = serving_layout.pack_params(cfg, raw, stacked=stacked)
+        assert serving_layout.is_stacked(p) == stacked
         outs.append(jax.jit(lambda p, c: llama.forward(cfg, p, toks, pos, c,
                                                        aux_layers=(3, 1, 1)))(p, cache))
     (h1, a1, c1), (h2, a2, c2) = outs
@@ -411,6 +411,6 @@ def test_stacked_scan_equals_per_layer():
     np.testing.assert_allclose(c1.k_pages, c2.k_pages, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(c1.v_pages, c2.v_pages, rtol=1e-5, atol=1e-5)
     # Converting between the layouts round-trips.
-    p = llama.pack_params(cfg, llama.pack_params(cfg, raw, stacked=True), stacked=False)
-    q = llama.pack_params(cfg, raw, stacked=False)
+    p = serving_layout.pack_params(cfg, serving_layout.pack_params(cfg, raw, stacked=True), stacked=False)
+    q = serving_layout.pack_params(cfg, raw, stacked=False)
     jax.tree_util.tree_map(np.testing.assert_array_equal, p, q)

@@ -9,43 +9,43 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jspec import kernels, llama
+from jspec import kernels, serving_layout
 from jspec.config import LlamaConfig
 from jspec.platform import building_for, target_platform
 
 
 def _has_barrier(x):
     w = jnp.ones((24, x.shape[-1]), x.dtype)
-    return "optimization_barrier" in str(jax.make_jaxpr(llama.linear)(x, w))
+    return "optimization_barrier" in str(jax.make_jaxpr(serving_layout.linear)(x, w))
 
 
 def test_building_for_switches_the_platform_choices(monkeypatch):
-    monkeypatch.delenv(llama.STACKED_ENV, raising=False)
+    monkeypatch.delenv(serving_layout.STACKED_ENV, raising=False)
     x = jnp.ones((8, 16))
     host = jax.default_backend()
     with building_for("tpu"):
         assert target_platform() == "tpu" and kernels.default_backend() == "tpu"
-        assert llama.default_stacked()
+        assert serving_layout.default_stacked()
         assert not _has_barrier(x)               # one plain contraction on TPU
     assert target_platform() == host
     if host == "cpu":
-        assert not llama.default_stacked()
+        assert not serving_layout.default_stacked()
         assert _has_barrier(x)                   # the few-token CPU form
         assert not _has_barrier(jnp.ones((1, 16)))
-        assert not _has_barrier(jnp.ones((llama.CPU_FEW_TOKENS + 1, 16)))
+        assert not _has_barrier(jnp.ones((serving_layout.CPU_FEW_TOKENS + 1, 16)))
     with pytest.raises(ValueError, match="platform"):
         with building_for("ipu"):
             pass
 
 
 def test_stacked_env_override(monkeypatch):
-    monkeypatch.setenv(llama.STACKED_ENV, "0")
-    assert not llama.default_stacked()
-    monkeypatch.setenv(llama.STACKED_ENV, "1")
-    assert llama.default_stacked()
-    monkeypatch.setenv(llama.STACKED_ENV, "yes please")
-    with pytest.raises(ValueError, match=llama.STACKED_ENV):
-        llama.default_stacked()
+    monkeypatch.setenv(serving_layout.STACKED_ENV, "0")
+    assert not serving_layout.default_stacked()
+    monkeypatch.setenv(serving_layout.STACKED_ENV, "1")
+    assert serving_layout.default_stacked()
+    monkeypatch.setenv(serving_layout.STACKED_ENV, "yes please")
+    with pytest.raises(ValueError, match=serving_layout.STACKED_ENV):
+        serving_layout.default_stacked()
 
 
 @pytest.mark.tpu_aot

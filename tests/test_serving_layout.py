@@ -1,4 +1,4 @@
-"""The output-major serving layout (``[out, in]`` kernels, :func:`jspec.llama.linear`) computes
+"""The output-major serving layout (``[out, in]`` kernels, :func:`jspec.serving_layout.linear`) computes
 what the checkpoint layout computes: for the product itself at every token count (the CPU
 path pads past 4 tokens), for a Flax ``Linear`` and for every drafter's draft and extend."""
 
@@ -13,7 +13,8 @@ import pytest
 from jspec import kv_cache as kvc
 from jspec.bench.configs import random_config
 from jspec.drafters import random_drafter
-from jspec.llama import Linear, init_params, linear, out_major_params, pack_params
+from jspec.llama import Linear, init_params, out_major_params
+from jspec.serving_layout import linear, pack_params
 from jspec.spec_config import SpecConfig
 
 CFG = random_config("tiny")

@@ -85,8 +85,8 @@ def test_greedy_identical_under_calibrated_selection(stories, drafters, rank_tab
 
 def test_greedy_identical_to_plain_per_layer_stack(stories, drafters, monkeypatch):
     """The layout CPU users run by default (the suite scans the stack, see conftest)."""
-    from jspec import llama
-    monkeypatch.setenv(llama.STACKED_ENV, "0")
+    from jspec import serving_layout
+    monkeypatch.setenv(serving_layout.STACKED_ENV, "0")
     test_greedy_identical_to_plain(stories, drafters, "eagle3", "default", 4)
 
 

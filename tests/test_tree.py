@@ -103,12 +103,11 @@ def ref_tree_from_pool(root, pool_tokens, pool_parents, chosen):
     return np.array(tokens), np.array(parents)
 
 
-def ref_build(parents, S):
+def ref_build(parents):
     """Python reference of everything build_tree derives from one row of parents."""
     N = len(parents)
     depth = np.zeros(N, np.int64)
     mask = np.zeros((N, N), bool)
-    retrieve = np.full((N, S + 1), -1, np.int64)
     first_child = np.full(N, -1, np.int64)
     next_sibling = np.full(N, -1, np.int64)
     for i in range(N):
@@ -118,7 +117,6 @@ def ref_build(parents, S):
         path = path[::-1]
         depth[i] = len(path) - 1
         mask[i, path] = True
-        retrieve[i, :len(path)] = path
     for i in range(N):
         kids = [j for j in range(N) if parents[j] == i]
         if kids:
@@ -127,7 +125,7 @@ def ref_build(parents, S):
             sibs = [j for j in range(i + 1, N) if parents[j] == parents[i]]
             if sibs:
                 next_sibling[i] = sibs[0]
-    return depth, mask, retrieve, first_child, next_sibling
+    return depth, mask, first_child, next_sibling
 
 
 def ref_walk(tokens, parents, argmax, S):
@@ -214,7 +212,7 @@ def test_eagle2_matches_reference_and_is_closed(inp, unique_tokens, seed):
         toks = np.random.default_rng(seed).integers(0, 3, (B_EAGLE, S, K, K)).astype(np.int32)
     root = np.array([7, 8, 9], np.int32)
     tree, closed = eagle2_jit(jnp.asarray(root), jnp.asarray(toks), jnp.asarray(logp), num_nodes=N)
-    assert tree.tokens.shape == (B_EAGLE, N) and tree.retrieve.shape == (B_EAGLE, N, S + 1)
+    assert tree.tokens.shape == (B_EAGLE, N)
     for b in range(B_EAGLE):
         ptoks, psc, ppar = ref_pool(toks[b], logp[b])
         assert len(ptoks) == SpecConfig(S, K, N).pool_size
@@ -228,10 +226,9 @@ def test_eagle2_matches_reference_and_is_closed(inp, unique_tokens, seed):
                 assert par[i] == want
     # build_tree fields are consistent with the selected parents
     for b in range(B_EAGLE):
-        d, m, r, fc, ns = ref_build(np.asarray(tree.parents[b]), S)
+        d, m, fc, ns = ref_build(np.asarray(tree.parents[b]))
         np.testing.assert_array_equal(np.asarray(tree.depths[b]), d)
         np.testing.assert_array_equal(np.asarray(tree.mask()[b]), m)
-        np.testing.assert_array_equal(np.asarray(tree.retrieve[b]), r)
 
 
 @st.composite
@@ -338,11 +335,10 @@ def test_shapes_and_widths(S, K, N, dtype, words):
     assert np.asarray(closed).all()
     for f in ("tokens", "parents", "depths", "first_child", "next_sibling"):
         assert getattr(tree, f).shape == (B, N), f
-    assert tree.retrieve.shape == (B, N, S + 1)
     assert tree.mask_bits.dtype == dtype and tree.mask_bits.shape == (B, N, words)
     assert mask_dtype(N) == (dtype, words)
     dims = check_shapes(tree)
-    assert dims == {"B": B, "N": N, "A": S + 1, "W": words}
+    assert dims == {"B": B, "N": N, "W": words}
     assert tree.num_nodes == N and tree.mask().shape == (B, N, N)
     idx, alen, bonus = greedy_walk(tree, jnp.zeros((B, N), jnp.int32), S)
     assert idx.shape == (B, S + 1) and alen.shape == (B,) and bonus.shape == (B,)
@@ -401,11 +397,10 @@ def test_build_tree_matches_reference(inp):
     np.testing.assert_array_equal(tree.tokens, tokens)
     np.testing.assert_array_equal(tree.parents, parents)
     for b in range(B):
-        d, m, r, fc, ns = ref_build(parents[b], S)
+        d, m, fc, ns = ref_build(parents[b])
         np.testing.assert_array_equal(tree.depths[b], d)
         np.testing.assert_array_equal(tree.mask()[b], m)
         np.testing.assert_array_equal(np.asarray(tree.mask_bits[b]).astype(np.uint64), ref_pack(m))
-        np.testing.assert_array_equal(tree.retrieve[b], r)
         np.testing.assert_array_equal(tree.first_child[b], fc)
         np.testing.assert_array_equal(tree.next_sibling[b], ns)
 
@@ -433,8 +428,8 @@ def test_greedy_walk_matches_reference(inp, data):
         assert int(alen[b]) == L >= 1
         np.testing.assert_array_equal(idx[b], path + [-1] * (S + 1 - L))
         assert int(bonus[b]) == rbonus
-        # the accepted path is retrieve[last accepted]
-        np.testing.assert_array_equal(idx[b], tree.retrieve[b, path[-1]])
+        # the accepted path is the ancestor row of the last accepted node
+        np.testing.assert_array_equal(np.flatnonzero(tree.mask()[b, path[-1]]), path)
         want = [int(tokens[b, j]) for j in path[1:]] + [rbonus]
         want += [0] * (S + 1 - len(want))
         np.testing.assert_array_equal(etoks[b], want)
@@ -469,10 +464,9 @@ def test_static_mc_sim_7b_63():
         assert t.heads[i] == len(p) - 1 and t.ranks[i] == p[-1]
     tree = static_tree_tokens(t, jnp.zeros(1, jnp.int32), jnp.zeros((1, 4, 10), jnp.int32))
     assert tree.mask_bits.dtype == jnp.uint32 and tree.mask_bits.shape == (1, 64, 2)
-    d, m, r, fc, ns = ref_build(np.array(t.parents), t.depth)
+    d, m, fc, ns = ref_build(np.array(t.parents))
     np.testing.assert_array_equal(tree.depths[0], d)
     np.testing.assert_array_equal(tree.mask()[0], m)
-    np.testing.assert_array_equal(tree.retrieve[0], r)
 
 
 def test_static_cartesian():
@@ -480,7 +474,7 @@ def test_static_cartesian():
     assert t.num_nodes == 1 + 3 + 6 + 12
     assert t.depth == 3 and t.topk == 3
     assert len(t.paths) == 21
-    counts = np.bincount(np.array(ref_build(np.array(t.parents), 3)[0]))
+    counts = np.bincount(np.array(ref_build(np.array(t.parents))[0]))
     np.testing.assert_array_equal(counts, [1, 3, 6, 12])
 
 

@@ -56,6 +56,15 @@ def make_trees(B, S, K, N, seed, vocab=512):
     return logp, toks
 
 
+def root_path(tree, node, width):
+    """``[B, width]`` node indices root..node of ``node[b]``, -1 padded: the ancestors-or-self
+    in index order, which is root-to-node order because nodes are topologically sorted."""
+    on_path = tree.mask()[jnp.arange(node.shape[0]), node]
+    idx = jnp.arange(on_path.shape[-1])
+    order = jnp.sort(jnp.where(on_path, idx, on_path.shape[-1]), axis=-1)[:, :width]
+    return jnp.where(order < on_path.shape[-1], order, -1)
+
+
 @pytest.mark.parametrize("S,K,N", [(5, 4, 8), (3, 3, 10), (4, 1, 5), (6, 8, 32)])
 def test_verify_logits_equal_path_alone_and_commit_equals_plain(stories, S, K, N):
     target, seqs, _ = stories
@@ -73,7 +82,7 @@ def test_verify_logits_equal_path_alone_and_commit_equals_plain(stories, S, K, N
         h, _, cache = model.apply({"params": params}, tree.tokens, pos, cache, block_mask=tree.mask())
         logits = model.apply({"params": params}, h, method=Llama.logits)
         # Accept the root path of node `pick[b]`: every row a different length.
-        acc = tree.retrieve[jnp.arange(B), pick]
+        acc = root_path(tree, pick, S + 1)
         n = tree.depths[jnp.arange(B), pick] + 1
         new_cache, acc_h = commit_accepted(cache, h, acc, n)
         return tree, closed, logits, new_cache, acc_h, h, acc, n, cache
@@ -81,7 +90,7 @@ def test_verify_logits_equal_path_alone_and_commit_equals_plain(stories, S, K, N
     pick = jnp.asarray([N - 1, 0, N // 2])
     tree, closed, logits, new_cache, acc_h, h, acc, n, verified = verify(cache, logp, toks, pick)
     assert bool(jnp.all(closed))
-    tree_tok, retrieve = np.asarray(tree.tokens), np.asarray(tree.retrieve)
+    tree_tok = np.asarray(tree.tokens)
 
     # Every node against its root-to-node path run alone over the same prefix cache: only
     # the path's tokens are present (every other node is replaced by token 0 and hidden by
@@ -90,7 +99,7 @@ def test_verify_logits_equal_path_alone_and_commit_equals_plain(stories, S, K, N
     @jax.jit
     def path_alone(cache, node):
         rows = jnp.arange(B)
-        on_path = jnp.any(tree.retrieve[rows, node][:, :, None] == jnp.arange(N)[None, None], 1)
+        on_path = tree.mask()[rows, node]
         toks = jnp.where(on_path, tree.tokens, 0)
         mask = tree.mask() & on_path[:, None, :] | jnp.eye(N, dtype=bool)[None]
         h, _, _ = model.apply({"params": params}, toks, cache.lengths[:, None] + tree.depths,
@@ -106,7 +115,8 @@ def test_verify_logits_equal_path_alone_and_commit_equals_plain(stories, S, K, N
     # And against fully independent runs (a fresh prefill of prefix + path per node, path
     # at contiguous positions): equal up to fp32 reassociation, which moves these 5-layer
     # logits by ~2e-5 between any two block shapes, so the bound here is 1e-4.
-    paths = [prefixes[b] + [int(tree_tok[b, j]) for j in retrieve[b, i] if j >= 0]
+    mask = np.asarray(tree.mask())
+    paths = [prefixes[b] + [int(tree_tok[b, j]) for j in np.flatnonzero(mask[b, i])]
              for b in range(B) for i in range(N)]
     _, ref = prefill(model, params, paths)
     np.testing.assert_allclose(logits.reshape(B * N, -1), ref, atol=1e-4, rtol=0)

@@ -7,11 +7,10 @@ import json
 import logging
 
 import jax
-import numpy as np
 import pytest
 
 import jspec
-from jspec import tune
+from jspec import tune, tune_store
 from jspec.drafters import random_drafter
 from jspec.drafters.checkpoint import load_drafter, save_drafter
 from jspec.spec_config import SpecConfig
@@ -56,10 +55,10 @@ def test_spec_auto_without_a_pick_warns_and_uses_the_default(caplog):
                                                    intermediate_size=64, num_layers=2,
                                                    num_heads=2, num_kv_heads=1, head_dim=16))
     with caplog.at_level(logging.WARNING, logger="jspec"):
-        assert tune.resolve_spec(d, "auto", 1) == d.default_spec
+        assert tune_store.resolve_spec(d, "auto", 1) == d.default_spec
     assert "no tuned pick" in caplog.text
     with pytest.raises(ValueError, match="auto"):
-        tune.resolve_spec(d, "fast", 1)
+        tune_store.resolve_spec(d, "fast", 1)
 
 
 def test_tune_picks_the_fastest_timed_shape_and_spec_auto_uses_it(stories_dir, tmp_path):
@@ -91,10 +90,11 @@ def test_tune_picks_the_fastest_timed_shape_and_spec_auto_uses_it(stories_dir, t
     assert again.pick == res.pick and again.rows == res.rows and again.profile == prof
     assert again.costs.iteration_ms(res.pick) == pytest.approx(res.costs.iteration_ms(res.pick))
     assert again.shortlist_pick(1, None)["S,K,N"] == max(res.rows, key=lambda r: r["tok/s pred"])["S,K,N"]
-    stored = tune.store(res, drafter.source)
+    stored = tune_store.store(res, drafter.source)
     data = json.loads(stored.read_text())
-    assert list(data["picks"]) == [f"{tune.device_kind()}|batch=1"]
-    assert tune.stored_spec(drafter, 1) == res.pick and tune.stored_spec(drafter, 2) is None
+    assert list(data["picks"]) == [f"{tune_store.device_kind()}|batch=1"]
+    assert tune_store.stored_spec(drafter, 1) == res.pick
+    assert tune_store.stored_spec(drafter, 2) is None
     plain = jspec.generate(target, prompts[:1], max_new_tokens=10)
     auto = jspec.generate(target, prompts[:1], max_new_tokens=10, drafter=drafter, spec="auto")
     assert auto.tokens == plain.tokens

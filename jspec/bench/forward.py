@@ -25,7 +25,8 @@ from jspec import kv_cache as kvc
 from jspec.bench import common
 from jspec.bench.configs import random_config
 from jspec.config import LlamaConfig
-from jspec.llama import forward, logits as lm_logits, pack_params
+from jspec.llama import forward, logits as lm_logits
+from jspec.serving_layout import pack_params
 from jspec.sharding import pack_for_serving
 
 COLUMNS = ["forward", "batch", "context", "tokens", "compile s", "ms", "ms/token", "x decode"]

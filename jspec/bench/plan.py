@@ -39,8 +39,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jspec.bench import common, configs
-from jspec.bench.anatomy import (Setup, _called, _loop_trips, abstract_drafter,
-                                 abstract_target_params, parse_hlo, parse_spec)
+from jspec.bench.anatomy import Setup, abstract_drafter, abstract_target_params, parse_spec
+from jspec.bench.hlo import _called, _loop_trips, parse_hlo
 from jspec.platform import building_for
 from jspec.sampling import SamplingConfig
 from jspec.spec_decode import SpecDecoder, tree_shape

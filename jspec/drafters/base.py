@@ -40,7 +40,8 @@ from jspec import kv_cache as kvc
 from jspec.config import LlamaConfig
 from jspec.drafters.hf_layout import draft_layer_config
 from jspec.drafters.protocol import DraftModuleDefaults
-from jspec.llama import is_packed, out_major_params
+from jspec.llama import out_major_params
+from jspec.serving_layout import is_packed
 from jspec.shapes import Float
 from jspec.spec_config import SpecConfig
 from jspec.tree.build import DraftTree
@@ -77,7 +78,7 @@ def target_embedding(target_params) -> jax.Array:
 
 
 def target_head_out_major(target_cfg: LlamaConfig, target_params) -> jax.Array:
-    """``[V, H]``: the target's LM head as :func:`jspec.llama.linear` takes it (no copy for
+    """``[V, H]``: the target's LM head as :func:`jspec.serving_layout.linear` takes it (no copy for
     packed serving params or a tied embedding)."""
     if target_cfg.tie_word_embeddings:
         return target_embedding(target_params)

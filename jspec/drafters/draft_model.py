@@ -28,7 +28,8 @@ from jspec.config import LlamaConfig
 from jspec.drafters.base import DrafterMismatchError, RecurrentDrafter, kept_rows
 from jspec.drafters.registry import DrafterKind, register
 from jspec.kernels import attention_fn
-from jspec.llama import DecoderLayer, RMSNorm, _dense, _precision, linear
+from jspec.llama import DecoderLayer, RMSNorm, dense
+from jspec.serving_layout import linear, precision
 from jspec.spec_config import SpecConfig
 
 PROBE = "def f(x):\n    return x + 1  # Once upon a time, 12345."
@@ -50,9 +51,9 @@ class DraftModelNet(nn.Module):
                 x, positions, cache, i, block_mask, valid, attention_fn(self.attention), offset)
         h = RMSNorm(c.hidden_size, c.rms_norm_eps, c.dtype, name="norm")(kept_rows(x, keep))
         if c.tie_word_embeddings:           # [V, H]: the output-major product
-            logits = linear(h, embed.embedding.astype(h.dtype), _precision(c))
+            logits = linear(h, embed.embedding.astype(h.dtype), precision(c))
         else:
-            logits = _dense(c.vocab_size, ("embed", "vocab"), c, "lm_head", self.out_major)(h)
+            logits = dense(c.vocab_size, ("embed", "vocab"), c, "lm_head", self.out_major)(h)
         return x, logits.astype(jnp.float32), cache
 
 

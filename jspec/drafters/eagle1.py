@@ -30,7 +30,8 @@ from jspec.drafters.base import (RecurrentDrafter, kept_rows, random_recurrent, 
 from jspec.drafters.registry import DrafterKind, register
 from jspec.drafters.vocab import DraftVocab, check_draft_vocab
 from jspec.kernels import attention_fn
-from jspec.llama import MLP, Attention, RMSNorm, _dense, _precision, linear
+from jspec.llama import MLP, Attention, RMSNorm, dense
+from jspec.serving_layout import linear, precision
 from jspec.spec_config import SpecConfig
 
 
@@ -43,7 +44,7 @@ class Eagle1Net(nn.Module):
     @nn.compact
     def __call__(self, emb, feats, positions, cache, block_mask, valid, offset):
         c = self.cfg
-        fc = _dense(c.hidden_size, ("embed", "embed"), c, "fc", self.out_major, self.fc_bias)
+        fc = dense(c.hidden_size, ("embed", "embed"), c, "fc", self.out_major, self.fc_bias)
         x = fc(jnp.concatenate([emb, feats.astype(emb.dtype)], -1))
         h, cache = Attention(c, self.out_major, name="self_attn")(
             x, positions, cache, 0, block_mask, valid, attention_fn(self.attention), offset)
@@ -91,7 +92,7 @@ class Eagle1(DraftVocab, RecurrentDrafter):
         if self.out_major:
             head = (params["lm_head"]["kernel"] if self.vocab_size
                     else target_head_out_major(target_cfg, target_params))
-            logits = linear(kept_rows(out, keep), head.astype(out.dtype), _precision(self.layer))
+            logits = linear(kept_rows(out, keep), head.astype(out.dtype), precision(self.layer))
         else:
             head = (params["lm_head"]["kernel"] if self.vocab_size
                     else target_head(target_cfg, target_params))

@@ -32,7 +32,7 @@ from jspec.drafters.base import (DrafterMismatchError, RecurrentDrafter, kept_ro
 from jspec.drafters.registry import DrafterKind, register
 from jspec.drafters.vocab import DraftVocab, check_d2t, check_draft_vocab
 from jspec.kernels import attention_fn
-from jspec.llama import MLP, Attention, RMSNorm, _dense
+from jspec.llama import MLP, Attention, RMSNorm, dense
 from jspec.spec_config import SpecConfig
 
 
@@ -61,7 +61,7 @@ class Eagle3Net(nn.Module):
             elif self.fc_norm == "per_chunk":
                 feats = jnp.concatenate([norm(H, f"fc_norm_{i}")(feats[..., i * H:(i + 1) * H])
                                          for i in range(3)], -1)
-            h = _dense(H, ("embed", "embed"), c, "fc", self.out_major)(feats.astype(c.dtype))
+            h = dense(H, ("embed", "embed"), c, "fc", self.out_major)(feats.astype(c.dtype))
         else:
             h = feats
         hn = norm(H, "hidden_norm")(h)
@@ -71,7 +71,7 @@ class Eagle3Net(nn.Module):
             x, positions, cache, 0, block_mask, valid, attention_fn(self.attention), offset)
         x = residual + a
         out = x + MLP(c, self.out_major, name="mlp")(norm(H, "post_attention_layernorm")(x))
-        logits = _dense(self.draft_vocab, ("embed", "vocab"), c, "lm_head",
+        logits = dense(self.draft_vocab, ("embed", "vocab"), c, "lm_head",
                         self.out_major)(norm(H, "norm")(kept_rows(out, keep)))
         return out, logits.astype(jnp.float32), cache
 

@@ -41,7 +41,8 @@ from jspec.drafters.base import (DrafterMismatchError, RecurrentDrafter, kept_ro
 from jspec.drafters.registry import DrafterKind, register
 from jspec.drafters.vocab import DraftVocab, check_draft_vocab
 from jspec.kernels import attention_fn
-from jspec.llama import DecoderLayer, RMSNorm, _dense, _precision, linear
+from jspec.llama import DecoderLayer, RMSNorm, dense
+from jspec.serving_layout import linear, precision
 from jspec.spec_config import SpecConfig
 
 
@@ -60,18 +61,18 @@ class MTPModule(nn.Module):
         H = c.hidden_size
         norm = lambda name: RMSNorm(H, c.rms_norm_eps, c.dtype, name=name)
         emb = jnp.where((positions == 0)[..., None], 0, emb)
-        x = _dense(H, ("embed", "embed"), c, "eh_proj", self.out_major)(
+        x = dense(H, ("embed", "embed"), c, "eh_proj", self.out_major)(
             jnp.concatenate([norm("enorm")(emb), norm("hnorm")(feats.astype(c.dtype))], -1))
         x, cache = DecoderLayer(c, self.out_major, name="block")(
             x, positions, cache, self.layer_index, block_mask, valid, attention_fn(self.attention),
             offset)
         hn = norm("shared_head_norm")(kept_rows(x, keep))
         if self.own_head:
-            logits = _dense(self.vocab, ("embed", "vocab"), c, "shared_head_head",
+            logits = dense(self.vocab, ("embed", "vocab"), c, "shared_head_head",
                             self.out_major)(hn)
         else:
             # The target's head: [V, H] out-major, else [H, V] (see MTP.net_apply).
-            logits = (linear(hn, head.astype(hn.dtype), _precision(c)) if self.out_major
+            logits = (linear(hn, head.astype(hn.dtype), precision(c)) if self.out_major
                       else hn @ head.astype(hn.dtype))
         return x, logits.astype(jnp.float32), cache
 

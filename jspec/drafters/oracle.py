@@ -76,4 +76,5 @@ def _build(target_cfg, key=None, future=None, miss_rate: float = 0.0):
 
 ENTRY = register(DrafterKind(
     name="oracle", module=Oracle, default_spec=SpecConfig(5, 4, 8), build=_build,
+    modes={"chain": SpecConfig.chain(4), "default": SpecConfig(5, 4, 8)},
     features="none", needs_weights=False, saveable=False))

@@ -63,6 +63,9 @@ class DrafterKind:
     def mode(self, name: str, module=None) -> SpecConfig | None:
         """``modes[name]``; a callable there is given the architecture (Medusa's chain has
         as many steps as it has heads)."""
+        if name not in self.modes:
+            raise KeyError(f"drafter kind {self.name!r} declares no {name!r} shape (its modes: "
+                           f"{sorted(self.modes)})")
         m = self.modes[name]
         return m(module) if callable(m) else m
 

@@ -10,9 +10,10 @@ siblings in the order the walk should try them. From ``parents`` alone we derive
   bit-packed, one row per node in ``words`` unsigned integers of the narrowest
   width of 8/16/32 bits that holds N (N <= 32: one word; 33..64: two uint32 words,
   low bits first, standing in for a uint64 that JAX has only under x64);
-- ``first_child`` / ``next_sibling`` (-1 for none) for the verify walk;
-- ``retrieve``: ``[N, S+1]`` root-to-node path of node indices, -1 padded, so the
-  accepted path is ``retrieve[last_accepted]``.
+- ``first_child`` / ``next_sibling`` (-1 for none) for the verify walk.
+
+The accepted path is read off the walk itself (it records the nodes it keeps), so no
+per-node root path table is built.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ class DraftTree:
     depths: Int["B N"]
     first_child: Int["B N"]
     next_sibling: Int["B N"]
-    retrieve: Int["B N A"]     # A = max depth + 1 = S + 1
     mask_bits: Int["B N W"]    # packed rows of the ancestor mask; see module doc
 
     @property
@@ -83,8 +83,8 @@ def _gather_rows(x: jax.Array, idx: jax.Array) -> jax.Array:
 def build_tree(tokens: jax.Array, parents: jax.Array, max_depth: int) -> DraftTree:
     """``tokens, parents: [B, N]`` (root parent -1) -> :class:`DraftTree`.
 
-    ``max_depth`` (S) bounds the depth statically; it fixes the width ``S + 1`` of
-    ``retrieve`` and the number of pointer-chasing rounds.
+    ``max_depth`` (S) bounds the depth statically: it fixes the number of
+    pointer-chasing rounds.
     """
     B, N = parents.shape
     parents = parents.astype(jnp.int32)
@@ -96,10 +96,6 @@ def build_tree(tokens: jax.Array, parents: jax.Array, max_depth: int) -> DraftTr
     anc = jnp.stack(anc, axis=-1)                           # [B, N, S+1]
     depths = jnp.sum(anc >= 0, axis=-1).astype(jnp.int32) - 1
     mask = jnp.any(anc[..., :, None] == jnp.arange(N)[None, None, None, :], axis=2)  # [B,N,N]
-    # retrieve[i] lists the path root..i: ancestors reversed, left-aligned.
-    k = jnp.arange(max_depth + 1, dtype=jnp.int32)
-    src = depths[..., None] - k                             # ancestor level for slot k
-    retrieve = jnp.where(src >= 0, jnp.take_along_axis(anc, jnp.clip(src, 0, max_depth), axis=-1), -1)
 
     is_child = parents[:, None, :] == idx[:, :, None]       # [B, parent i, child j]
     first_child = jnp.where(jnp.any(is_child, -1), jnp.argmax(is_child, -1), -1).astype(jnp.int32)
@@ -107,7 +103,7 @@ def build_tree(tokens: jax.Array, parents: jax.Array, max_depth: int) -> DraftTr
     same_parent &= (parents >= 0)[:, :, None]
     next_sibling = jnp.where(jnp.any(same_parent, -1), jnp.argmax(same_parent, -1), -1).astype(jnp.int32)
     return DraftTree(tokens=tokens.astype(jnp.int32), parents=parents, depths=depths,
-                     first_child=first_child, next_sibling=next_sibling, retrieve=retrieve,
+                     first_child=first_child, next_sibling=next_sibling,
                      mask_bits=pack_mask(mask))
 
 

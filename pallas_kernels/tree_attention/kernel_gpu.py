@@ -71,19 +71,14 @@ def _kernel(q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, lo_ref, hi_ref, o_r
 def tree_attention_gpu(q, k_pages, v_pages, page_table, lengths, mask_bits, layer, *,
                        blocks: BlockSizes, interpret: bool = False,
                        prepared: layout.RowInputs | None = None) -> jax.Array:
-    """Shapes as :func:`pallas_kernels.tree_attention.reference.tree_attention_ref` with
-    stacked pools ``[L, KVH, P, page_size, D]`` and an int32 scalar ``layer``; ``blocks``
-    from :func:`pallas_kernels.tree_attention.validate.validate`; ``prepared``: the
-    page table and mask words when the caller built them once (:func:`layout.row_inputs`)."""
+    """The Triton form of :func:`pallas_kernels.tree_attention.kernel_tpu.tree_attention_tpu`
+    (same arguments): one program per (row, KV head) walks the row's live pages."""
     B, N, H, D = q.shape
     L, KVH, P, ps, _ = k_pages.shape
     G = H // KVH
     ppb, R = blocks.pages_per_block, blocks.rows
-    if prepared is None:
-        prepared = layout.row_inputs(page_table, mask_bits, P, G, blocks)
-    pt, words = prepared
+    qg, (pt, words) = layout.kernel_operands(q, k_pages, page_table, mask_bits, blocks, prepared)
     M = pt.shape[1]
-    qg = layout.group_queries(q, KVH, R)                                 # [B, KVH, R, D]
     lo, hi = words[..., 0], words[..., 1]
     kernel = functools.partial(_kernel, ppb=ppb, page_size=ps, num_nodes=N,
                                num_blocks=M // ppb, scale=D ** -0.5)

@@ -100,12 +100,9 @@ def tree_attention_tpu(q, k_pages, v_pages, page_table, lengths, mask_bits, laye
     L, KVH, P, ps, _ = k_pages.shape
     G = H // KVH
     ppb, R = blocks.pages_per_block, blocks.rows
-    if prepared is None:
-        prepared = layout.row_inputs(page_table, mask_bits, P, G, blocks)
-    pt, words = prepared                                                     # [B, M], M % ppb == 0
-    M = pt.shape[1]
+    qg, (pt, words) = layout.kernel_operands(q, k_pages, page_table, mask_bits, blocks, prepared)
+    M = pt.shape[1]                                                      # M % ppb == 0
     num_blocks = M // ppb
-    qg = layout.group_queries(q, KVH, R)                                 # [B, KVH, R, D]
 
     def kv_spec(j):
         def index_map(b, h, i, lengths_ref, pt_ref, layer_ref):

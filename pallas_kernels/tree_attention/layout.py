@@ -84,3 +84,14 @@ class RowInputs(NamedTuple):
 def row_inputs(page_table, mask_bits, num_pages: int, num_groups: int, blocks) -> RowInputs:
     return RowInputs(prepare_page_table(page_table, num_pages, blocks.pages_per_block),
                      row_words(mask_bits, num_groups, blocks.rows))
+
+
+def kernel_operands(q, k_pages, page_table, mask_bits, blocks,
+                    prepared: RowInputs | None = None) -> tuple[jax.Array, RowInputs]:
+    """What both kernels start from: the grouped queries ``[B, KVH, R, D]`` and the row
+    inputs (``prepared`` when the forward built them once, else built here)."""
+    _, _, H, _ = q.shape
+    _, KVH, P, _, _ = k_pages.shape
+    if prepared is None:
+        prepared = row_inputs(page_table, mask_bits, P, H // KVH, blocks)
+    return group_queries(q, KVH, blocks.rows), prepared

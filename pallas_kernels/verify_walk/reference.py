@@ -36,19 +36,18 @@ def parents_from_lists(first_child: jax.Array, next_sibling: jax.Array) -> jax.A
     return lax.fori_loop(0, N, step, jnp.full((B, N), -1, jnp.int32))
 
 
-def _tree(tokens, first_child, next_sibling, max_depth) -> DraftTree:
+def _tree(tokens, first_child, next_sibling) -> DraftTree:
     B, N = tokens.shape
     z = jnp.zeros((B, N), jnp.int32)
     return DraftTree(tokens=tokens, parents=parents_from_lists(first_child, next_sibling),
                      depths=z, first_child=first_child, next_sibling=next_sibling,
-                     retrieve=jnp.zeros((B, N, max_depth + 1), jnp.int32),
                      mask_bits=jnp.zeros((B, N, 1), jnp.uint32))
 
 
 @functools.partial(jax.jit, static_argnames=("max_depth",))
 def greedy_walk_ref(tokens, first_child, next_sibling, target_argmax, *, max_depth: int):
     """-> ``(accept_index [B, S+1], accept_len [B], bonus [B])``, as :func:`greedy_walk`."""
-    return greedy_walk(_tree(tokens, first_child, next_sibling, max_depth), target_argmax,
+    return greedy_walk(_tree(tokens, first_child, next_sibling), target_argmax,
                        max_depth)
 
 
@@ -61,5 +60,5 @@ def sample_walk_ref(tokens, first_child, next_sibling, probs, u_accept, u_bonus,
     same ``max_depth``); the jnp reference keeps walking below depth S (truncating only
     the reported path), the kernels stop there.
     """
-    return tree_sample_walk(_tree(tokens, first_child, next_sibling, max_depth), probs,
+    return tree_sample_walk(_tree(tokens, first_child, next_sibling), probs,
                             u_accept, u_bonus, max_depth)

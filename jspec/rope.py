@@ -1,0 +1,53 @@
+"""Rotary position embeddings, Llama-3 scaling included, bit for bit as transformers computes
+the frequencies. A forward builds the tables once (:func:`rope_tables`) and every layer
+rotates with them (:func:`rotate`)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.config import RopeConfig
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int) -> np.ndarray:
+    """Inverse frequencies, computed in float32 exactly as transformers does."""
+    inv = (1.0 / (np.float32(rope.theta) ** (np.arange(0, head_dim, 2, dtype=np.int64)
+                                              .astype(np.float32) / np.float32(head_dim))))
+    inv = inv.astype(np.float32)
+    if rope.rope_type == "llama3":
+        old = rope.original_max_position_embeddings
+        low_wl = old / rope.low_freq_factor
+        high_wl = old / rope.high_freq_factor
+        wavelen = (2 * np.pi / inv).astype(np.float32)
+        scaled = np.where(wavelen > low_wl, inv / rope.factor, inv).astype(np.float32)
+        smooth = ((old / wavelen - rope.low_freq_factor)
+                  / (rope.high_freq_factor - rope.low_freq_factor)).astype(np.float32)
+        smoothed = ((1 - smooth) * scaled / rope.factor + smooth * scaled).astype(np.float32)
+        medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
+        inv = np.where(medium, smoothed, scaled).astype(np.float32)
+    return inv
+
+
+def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """``(cos, signed sin)``, each ``[B, T, 1, D]`` fp32, for ``positions: [B, T]``: the sin's
+    first half negated, so :func:`rotate` needs no negation. The same for every layer, so a
+    forward computes them once (see :func:`forward`)."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+    half = freqs.shape[-1]
+    sign = jnp.asarray(np.r_[-np.ones(half), np.ones(half)].astype(np.float32))
+    return jnp.cos(emb), jnp.sin(emb) * sign
+
+
+def rotate(x: jax.Array, cos: jax.Array, signed_sin: jax.Array) -> jax.Array:
+    """Rotate-half RoPE of ``x: [B, T, H, D]`` with :func:`rope_tables`: ``x cos +
+    (x2, x1) * (-sin, sin)``, the halves swapped by one roll."""
+    xf = x.astype(jnp.float32)
+    return (xf * cos + jnp.roll(xf, x.shape[-1] // 2, axis=-1) * signed_sin).astype(x.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotate-half RoPE. ``x: [B, T, H, D]``, ``positions: [B, T]``."""
+    return rotate(x, *rope_tables(positions, inv_freq))

@@ -1,0 +1,76 @@
+"""The tuner's stored pick: ``jspec_tuning.json`` beside a drafter checkpoint, keyed by device
+kind and batch (:func:`store`), and what ``generate(spec="auto")`` makes of it
+(:func:`resolve_spec`). The pick itself comes from :func:`jspec.tune.tune`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+
+from jspec.spec_config import SpecConfig
+
+log = logging.getLogger("jspec")
+
+TUNING_FILE = "jspec_tuning.json"
+
+
+def device_kind() -> str:
+    d = jax.devices()[0]
+    return f"{d.platform}:{getattr(d, 'device_kind', '') or d.platform}"
+
+
+def _key(device: str, batch: int) -> str:
+    return f"{device}|batch={batch}"
+
+
+def store(result, drafter_dir: str | os.PathLike) -> Path:
+    """Add the pick of a :class:`jspec.tune.TuneResult` to ``drafter_dir/jspec_tuning.json`` (other keys kept); written whole to
+    a temporary file in the same directory, then renamed over the old one."""
+    path = Path(drafter_dir) / TUNING_FILE
+    data = json.loads(path.read_text()) if path.is_file() else {"picks": {}}
+    best = next(r for r in result.rows if r["spec"] == result.pick)
+    data["picks"][_key(result.device, result.batch)] = {
+        "spec": [result.pick.num_steps, result.pick.topk, result.pick.num_draft_tokens],
+        "selection": result.pick.selection,
+        "tokens_per_s": best["tok/s meas"], "plain_tokens_per_s": result.plain_tokens_per_s,
+        "jax": jax.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def stored_spec(drafter, batch: int, device: str | None = None) -> SpecConfig | None:
+    """The stored pick for this drafter (loaded from a directory), device kind and batch;
+    None when there is none."""
+    src = getattr(drafter, "source", None)
+    if src is None:
+        return None
+    path = Path(src) / TUNING_FILE
+    if not path.is_file():
+        return None
+    pick = json.loads(path.read_text()).get("picks", {}).get(_key(device or device_kind(), batch))
+    return None if pick is None else SpecConfig(*pick["spec"], pick.get("selection", "eagle2"))
+
+
+def resolve_spec(drafter, spec, batch: int):
+    """``spec="auto"``: the stored pick, else the drafter's default with a warning."""
+    if not (isinstance(spec, str) and spec == "auto"):
+        if isinstance(spec, str):
+            raise ValueError(f"spec={spec!r}: pass a SpecConfig, None (the drafter's default) "
+                             f"or 'auto' (the pick stored by `python -m jspec tune`)")
+        return spec
+    picked = stored_spec(drafter, batch)
+    if picked is None:
+        log.warning("spec='auto': no tuned pick for this drafter on %s at batch %d; using its "
+                    "default. Run `python -m jspec tune --model M --drafter D --prompts FILE "
+                    "--batch %d` to measure one.", device_kind(), batch, batch)
+        return drafter.default_spec
+    return picked
