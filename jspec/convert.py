@@ -51,6 +51,12 @@ def _exists_error(dst: str) -> int:
     return 2
 
 
+def _interrupted(dst: str) -> int:
+    # atomic_dir has already removed the partial output: say so, without a traceback.
+    print(f"interrupted: {dst} left as it was", file=sys.stderr)
+    return 130
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["drafter"]:
@@ -71,6 +77,8 @@ def main(argv=None) -> int:
         target = load_target(a.src, dtype=a.dtype, tokenizer=a.tokenizer,
                              progress=functools.partial(_bar, desc="tensors", unit="tensor"))
         save_orbax(target, a.dst, overwrite=a.overwrite)
+    except KeyboardInterrupt:
+        return _interrupted(a.dst)
     except (CheckpointError, ConfigError, TokenizerError, FileExistsError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -135,8 +143,7 @@ def drafter_main(argv=None) -> int:
                 save_drafter(drafter, a.dst, overwrite=a.overwrite)
             bar.update()
     except KeyboardInterrupt:
-        print(f"interrupted: {a.dst} left as it was", file=sys.stderr)
-        return 130
+        return _interrupted(a.dst)
     # CheckpointError, DrafterMismatchError and ConfigError are ValueErrors, as are the
     # savers' refusals (a layout that cannot hold the drafter).
     except (ValueError, OSError) as e:

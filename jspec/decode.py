@@ -32,9 +32,17 @@ from jspec.sharding import constrain_kv, per_data_shard
 # Incremented at trace time: tests read it to prove that calls do not recompile.
 TRACE_COUNTS: collections.Counter = collections.Counter()
 
-RUNNING, STOP_TOKEN, MAX_NEW_TOKENS, CACHE_FULL = 0, 1, 2, 3
+RUNNING, STOP_TOKEN, MAX_NEW_TOKENS, CACHE_FULL, NONFINITE = 0, 1, 2, 3, 4
 STOP_REASONS = {RUNNING: "running", STOP_TOKEN: "stop_token",
-                MAX_NEW_TOKENS: "max_new_tokens", CACHE_FULL: "cache_full"}
+                MAX_NEW_TOKENS: "max_new_tokens", CACHE_FULL: "cache_full",
+                NONFINITE: "nonfinite_logits"}
+
+
+def finite_rows(logits: jax.Array) -> jax.Array:
+    """``[B]``: every logit of the row is finite. A NaN or inf from the target (a corrupt
+    checkpoint, an overflow) would otherwise be sampled or argmaxed into a token id that
+    looks like any other; the row stops with ``nonfinite_logits`` instead."""
+    return jnp.all(jnp.isfinite(logits), axis=tuple(range(1, logits.ndim)))
 
 
 @struct.dataclass
@@ -49,11 +57,13 @@ class DecodeState:
     step: Int[""]
 
 
-def emit_block(s, toks, n, stop_ids, max_new, next_slots: int):
+def emit_block(s, toks, n, stop_ids, max_new, next_slots: int, finite=None):
     """Append up to ``n [B]`` of ``toks [B, A]`` to every running row of a decode state
     (any state with ``tokens, num_generated, done, stop_reason, cache``), cut at the first
     stop id (which is kept) and at the row's ``max_new``, and mark rows done. A row whose
-    cache cannot take ``next_slots`` more positions stops with ``CACHE_FULL``.
+    cache cannot take ``next_slots`` more positions stops with ``CACHE_FULL``. A row that is
+    not ``finite [B]`` (its next logits were NaN or inf) stops with ``NONFINITE`` after its
+    ``n`` tokens (the callers count only tokens decided by finite logits).
     Shared by plain decoding (one token, one slot) and the speculative driver (a block).
     """
     B, A = toks.shape
@@ -70,15 +80,19 @@ def emit_block(s, toks, n, stop_ids, max_new, next_slots: int):
     hit = live & (first_stop <= m)
     reason = jnp.where(hit, STOP_TOKEN, jnp.where(num >= max_new, MAX_NEW_TOKENS,
                                                   jnp.where(full, CACHE_FULL, RUNNING)))
+    if finite is not None:
+        reason = jnp.where((reason == RUNNING) & ~finite, NONFINITE, reason)
     reason = jnp.where(live, reason, s.stop_reason)
     return s.replace(tokens=tokens, num_generated=num, done=s.done | (reason != RUNNING),
                      stop_reason=reason)
 
 
-def emit(state: DecodeState, tok: jax.Array, stop_ids: jax.Array, max_new: jax.Array) -> DecodeState:
+def emit(state: DecodeState, tok: jax.Array, stop_ids: jax.Array, max_new: jax.Array,
+         finite=None) -> DecodeState:
     """Append ``tok`` to every running row; it becomes the row's next token to feed."""
     live = ~state.done
-    state = emit_block(state, tok[:, None], jnp.ones_like(tok), stop_ids, max_new, next_slots=1)
+    n = jnp.ones_like(tok) if finite is None else finite.astype(tok.dtype)
+    state = emit_block(state, tok[:, None], n, stop_ids, max_new, next_slots=1, finite=finite)
     return state.replace(last_token=jnp.where(live, tok, state.last_token))
 
 
@@ -132,7 +146,8 @@ class PlainDecoder:
             num_generated=jnp.zeros((B,), jnp.int32), last_token=jnp.zeros((B,), jnp.int32),
             done=max_new <= 0, stop_reason=jnp.where(max_new <= 0, MAX_NEW_TOKENS, RUNNING),
             row_keys=row_keys, step=jnp.zeros((), jnp.int32))
-        state = emit(state, sample(logits, row_step_keys(state), self.sampling), stop_ids, max_new)
+        state = emit(state, sample(logits, row_step_keys(state), self.sampling), stop_ids, max_new,
+                     finite_rows(logits))
 
         def cond(s):
             return ~jnp.all(s.done)
@@ -150,4 +165,5 @@ class PlainDecoder:
                                    attention_fn=kernels.attention_fn(self.kernels))
         logits = lm_logits(self.config, params, hidden[:, 0])
         s = s.replace(cache=kvc.advance(cache, live.astype(jnp.int32)), step=s.step + 1)
-        return emit(s, sample(logits, row_step_keys(s), self.sampling), stop_ids, max_new)
+        return emit(s, sample(logits, row_step_keys(s), self.sampling), stop_ids, max_new,
+                    finite_rows(logits))

@@ -12,6 +12,7 @@ block is padded up to a multiple of ``prompt_bucket``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from typing import Sequence
@@ -30,6 +31,8 @@ from jspec.spec_decode import SpecDecoder, tree_shape
 from jspec.sharding import batch_sharding
 from jspec.target import Target
 from jspec.tree.calibration import check as check_selection
+
+log = logging.getLogger("jspec")
 
 
 @dataclasses.dataclass
@@ -89,17 +92,25 @@ def _stop_ids(target: Target, stop_ids, B: int) -> np.ndarray:
     return out
 
 
+ADMISSIONS = ("reserve", "partial")
+
+
 def _admit(lens, limits, overshoot, prompt_bucket, max_len, page_size, num_pages, shards=1,
-           agreed=None):
+           agreed=None, admission="reserve"):
     """Static shapes and pages for a batch: ``(T, cap_new, num_pages, page_table)``.
 
     A row needs its prompt, its new tokens and the speculative overshoot (the prefill
-    writes only real prompt positions; padding is masked). Refuses what does not fit.
+    writes only real prompt positions; padding is masked). ``admission="reserve"`` refuses
+    a batch whose needs do not all fit; ``"partial"`` refuses only one whose minimums do not
+    (prompt plus one iteration's slots) and gives the rest out in row order
+    (:func:`jspec.kv_cache.partial_page_table`).
     ``shards`` > 1 (a mesh's data axis): rows split into that many contiguous groups, each
     with a pool of its own; ``num_pages`` (given: the total) is then one shard's pool and
     the table holds page ids local to each row's shard. ``agreed``: (longest prompt, most new
     tokens) over every process of a multi-host run, so all compile the same shapes.
     """
+    if admission not in ADMISSIONS:
+        raise ValueError(f"kv_admission={admission!r}: expected one of {ADMISSIONS}")
     B = len(lens)
     top_len, top_new = agreed if agreed is not None else (int(lens.max()), int(limits.max()))
     cap_new = max(1, top_new)
@@ -117,23 +128,30 @@ def _admit(lens, limits, overshoot, prompt_bucket, max_len, page_size, num_pages
         num_pages = B * max_pages
     local = num_pages // shards
     need = [int(lens[r] + limits[r] + overshoot) for r in range(B)]
+    # One iteration writes `overshoot` slots past the committed length (plain decoding: 1).
+    floor = [min(need[r], int(lens[r]) + max(overshoot, 1)) for r in range(B)]
     rows = B // shards
     tables = []
     for sh in range(shards):
+        part = slice(sh * rows, (sh + 1) * rows)
         try:
-            tables.append(kvc.allocate_page_table(need[sh * rows:(sh + 1) * rows], page_size,
-                                                  local, max_pages))
+            if admission == "partial":
+                table = kvc.partial_page_table(floor[part], need[part], page_size, local,
+                                               max_pages)
+            else:
+                table = kvc.allocate_page_table(need[part], page_size, local, max_pages)
         except kvc.KVCacheExhaustedError as e:
             where = f" (data shard {sh}: rows {sh * rows}..{(sh + 1) * rows - 1}, {local} pages)" \
                 if shards > 1 else ""
             raise kvc.KVCacheExhaustedError(f"{e}{where}") from None
+        tables.append(table)
     return T, cap_new, local, np.concatenate(tables)
 
 
 def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              key: jax.Array | None = None, stop_ids=None, max_len: int | None = None,
-             page_size: int = 16, num_pages: int | None = None,
+             page_size: int = 16, num_pages: int | None = None, kv_admission: str = "reserve",
              prompt_bucket: int = 16, mesh=None, drafter=None,
              spec: SpecConfig | str | None = None,
              forced_accept: float = 0.0, profile: bool = False,
@@ -146,7 +164,16 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     sampling; each row draws from its own key, so a row samples the same alone or in a batch.
     ``max_len``: KV slots per row (default: padded prompt + max_new_tokens, plus the
     speculative overshoot). ``num_pages``: the page budget (default: enough for every row
-    at ``max_len``). ``mesh``: a ``('data', 'model')`` mesh (:func:`jspec.sharding.make_mesh`);
+    at ``max_len``). ``kv_admission``: what a budget too small for the batch does.
+    ``"reserve"`` (default) reserves every row's pages for its prompt, ``max_new_tokens`` and
+    the speculative overshoot up front, and refuses a batch that does not fit with
+    :class:`jspec.KVCacheExhaustedError` before compiling. ``"partial"`` gives every row its
+    prompt plus one iteration's slots (refused the same way if even that does not fit), then
+    hands the pages left to the rows in order, each up to its full need; a row that fills
+    its pages mid-run stops with ``stop_reason == "cache_full"`` and keeps the tokens it
+    produced (greedy: a prefix of what it would produce with room), and the other rows are
+    untouched. A budget that holds every row's need gives the same pages either way.
+    ``mesh``: a ``('data', 'model')`` mesh (:func:`jspec.sharding.make_mesh`);
     rows are split over ``data`` and the target should be placed with
     :func:`jspec.sharding.shard_target`. In a multi-host run (:mod:`jspec.distributed`) the
     mesh spans every process and ``prompts`` are this process's rows (the same count on every
@@ -205,7 +232,7 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
         *agreed, width = dist.agree(B, [lens.max(), limits.max(), stops.shape[1]])
         stops = np.pad(stops, ((0, 0), (0, width - stops.shape[1])), constant_values=-1)
     T, cap_new, num_pages, page_table = _admit(lens, limits, overshoot, prompt_bucket, max_len,
-                                               page_size, num_pages, shards, agreed)
+                                               page_size, num_pages, shards, agreed, kv_admission)
     kernels = resolve_kernels(kernels, target.config, page_size=page_size,
                               num_nodes=1 if drafter is None else N,
                               max_depth=None if drafter is None else S,
@@ -263,6 +290,15 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
             row["accept_hist"] = h.tolist()   # [n] = verify passes that emitted n tokens
             row["mean_accept_len"] = float((h * np.arange(len(h))).sum() / max(1, h.sum()))
         stats.append(row)
+    bad = [r for r in range(B) if stats[r]["stop_reason"] == "nonfinite_logits"]
+    if bad:
+        log.warning("rows %s stopped early: the target's logits were NaN or inf (after %s new "
+                    "tokens). Check the checkpoint's weights and dtype (an fp16 overflow, a "
+                    "corrupt tensor); the tokens before that point are kept.", bad,
+                    [stats[r]["new_tokens"] for r in bad])
+    if drafter is not None and not forced_accept:
+        from jspec.drafters.health import warn_if_collapsed
+        warn_if_collapsed(drafter, stats)
     text = None
     if target.tokenizer is not None:
         text = [target.tokenizer.decode(t) for t in tokens]

@@ -226,22 +226,24 @@ def resolve(mode: str, config, *, page_size: int = 16, num_nodes: int = 1,
     ``"auto"`` -> ``"reference"`` on CPU, under a multi-device mesh, or when the kernels
     cannot express the shapes (info log); otherwise the kernels are compiled once per
     shape key, and a compile error resolves to ``"reference"`` with a warning. ``"pallas"``
-    is checked the same way statically but raises ``ValueError`` instead of falling back.
-    Other modes are returned as they are (after :func:`check_mode`).
+    and the interpret modes are checked the same way statically but raise ``ValueError``
+    instead of falling back (interpret mode keeps its backend's tile limits).
     """
     check_mode(mode)
-    if mode not in ("auto", "pallas"):
+    if mode == "reference":
         return mode
-    backend = default_backend()
+    backend = default_backend() if mode == "auto" else _backend(mode)
     if max_pages is None:
         max_pages = -(-(num_nodes + page_size) // page_size)
     if num_pages is None:
         num_pages = batch * max_pages
     key = _shape_key(config, page_size, num_nodes, max_depth, greedy, batch, max_pages, num_pages)
-    if mode == "pallas":
+    if mode != "auto":
+        # The kernels' static limits (tiles, node count), checked here so that a refusal comes
+        # before anything compiles; interpret mode enforces the same limits as its backend.
         problem = static_problem(backend, key, pad_head_dim=True)
         if problem:
-            raise ValueError(f"kernels='pallas' cannot run this configuration on {backend}: "
+            raise ValueError(f"kernels={mode!r} cannot run this configuration on {backend}: "
                              f"{problem}")
         return mode
     if backend not in ("tpu", "gpu"):

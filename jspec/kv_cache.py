@@ -10,9 +10,11 @@ which is what a kernel that streams a head's pages wants.
 
 Pages are handed out on the host at admission (:func:`allocate_page_table`) from a
 static budget; a request that does not fit is refused there with
-:class:`KVCacheExhaustedError`. Inside the compiled loop nothing allocates: writes
-past a row's allocation are dropped (``mode='drop'``), never redirected onto
-another row's page, and the decode loop stops a row before it reaches that point.
+:class:`KVCacheExhaustedError`, or (:func:`partial_page_table`) admitted with fewer pages
+than some rows need, which then stop when theirs are full. Inside the compiled loop
+nothing allocates: writes past a row's allocation are dropped (``mode='drop'``), never
+redirected onto another row's page, and the decode loop stops a row before it reaches
+that point.
 
 Speculative decoding writes T candidate positions after ``lengths`` and later
 keeps a subset of them (the accepted path): :func:`commit` moves that subset to
@@ -87,6 +89,36 @@ def allocate_page_table(tokens_per_row, page_size: int, num_pages: int,
         table[row, :n] = np.arange(nxt, nxt + n, dtype=np.int32)
         nxt += n
     return table
+
+
+def partial_page_table(min_tokens, tokens_per_row, page_size: int, num_pages: int,
+                       max_pages_per_row: int | None = None) -> np.ndarray:
+    """Partial admission, for a pool too small for every row's full need: every row first
+    gets pages for its ``min_tokens``, then the pages left go to the rows in order, each up
+    to its ``tokens_per_row``. A row given less than its need stops when its pages are full
+    (the decode loop's ``cache_full``); its table marks the pages it lacks with ``num_pages``.
+
+    Raises :class:`KVCacheExhaustedError`, naming the first row that does not fit, when the
+    minimums alone exceed the pool.
+    """
+    low = [pages_needed(int(n), page_size) for n in min_tokens]
+    want = [max(lo, pages_needed(int(n), page_size)) for lo, n in zip(low, tokens_per_row)]
+    used = np.cumsum(low)
+    if used[-1] > num_pages:
+        row = int(np.argmax(used > num_pages))
+        raise KVCacheExhaustedError(
+            f"KV cache exhausted even for partial admission: row {row} needs at least {low[row]} "
+            f"pages of {page_size} slots (its prompt and one iteration, {int(min_tokens[row])} "
+            f"slots), but only {num_pages - int(used[row] - low[row])} of {num_pages} pages are "
+            f"free. Raise num_pages or lower the batch size.")
+    free = num_pages - int(used[-1])
+    grant = []
+    for lo, hi in zip(low, want):
+        extra = min(hi - lo, free)
+        free -= extra
+        grant.append(lo + extra)
+    return allocate_page_table([g * page_size for g in grant], page_size, num_pages,
+                               max_pages_per_row)
 
 
 def init_cache(num_layers: int, num_kv_heads: int, head_dim: int, page_table,
@@ -185,6 +217,11 @@ def write_layer(cache: PagedKVCache, layer: int, k: jax.Array, v: jax.Array,
         arrange = lambda x: x.reshape(B * T, *x.shape[2:])
 
     def put(pages, x):
+        # A NaN or inf key/value is stored as 0: attention weighs masked slots by exactly 0,
+        # and 0 x NaN would still poison every query of the block (a rejected draft's NaN
+        # would end the whole verify). The node itself keeps its non-finite hidden state, so
+        # its logits still stop the row (jspec.decode.finite_rows).
+        x = jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
         flat = jax.lax.scatter(_flat(pages), idx, arrange(x).astype(pages.dtype), dn,
                                mode=jax.lax.GatherScatterMode.FILL_OR_DROP)
         return flat.reshape(shape)

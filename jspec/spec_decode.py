@@ -27,7 +27,7 @@ from flax import struct
 
 from jspec import kernels, kv_cache as kvc
 from jspec.config import LlamaConfig
-from jspec.decode import MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, emit_block
+from jspec.decode import MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, emit_block, finite_rows
 from jspec.llama import forward, logits as lm_logits
 from jspec.serving_layout import pack_params
 from jspec.sampling import SamplingConfig, sample, target_probs
@@ -111,7 +111,8 @@ class SpecDecoder:
         dstate = d.init_state(B, draft_table, self.num_pages, self.page_size)
         dstate = d.prefill(dparams, (c, params), dstate, d.features(hidden, aux, prompt), nxt,
                           prompt_lens)
-        return cache.replace(lengths=prompt_lens.astype(jnp.int32)), dstate, first, row_keys
+        return (cache.replace(lengths=prompt_lens.astype(jnp.int32)), dstate, first, row_keys,
+                finite_rows(logits))
 
     def verify(self, params, cache, tree):
         pos = cache.lengths[:, None] + tree.depths
@@ -155,9 +156,22 @@ class SpecDecoder:
         last = n - 1
         return idx, n, jnp.argmax(logits[jnp.arange(B), last], -1).astype(jnp.int32)
 
-    def emit(self, s: SpecState, toks, n, stop_ids, max_new) -> SpecState:
+    @staticmethod
+    def finite_prefix(logits, idx, n):
+        """``(n', finite)``: the walk read the logits of the path's nodes ``idx[:, :n]`` (each
+        decided the next token); if one of them holds NaN or inf, only the tokens decided
+        before it are kept (``n'``) and the row is not ``finite``, as plain decoding stops
+        at the first position whose logits are not finite. Nodes off the path do not count."""
+        ok = jnp.take_along_axis(jnp.all(jnp.isfinite(logits), -1), jnp.maximum(idx, 0), 1)
+        k = jnp.arange(idx.shape[1])[None]
+        first_bad = jnp.min(jnp.where(~ok & (k < n[:, None]), k, idx.shape[1]), axis=1)
+        finite = first_bad >= n
+        return jnp.where(finite, n, first_bad), finite
+
+    def emit(self, s: SpecState, toks, n, stop_ids, max_new, finite) -> SpecState:
         _, N = self.shape
-        return emit_block(s, toks, n, stop_ids, max_new, next_slots=N)  # the next verify writes N
+        # The next verify writes N slots.
+        return emit_block(s, toks, n, stop_ids, max_new, next_slots=N, finite=finite)
 
     def draft_phase(self, params, dparams, s: SpecState):
         return self.drafter.propose(dparams, (self.config, params), s.draft, s.root, self.spec)
@@ -173,19 +187,20 @@ class SpecDecoder:
             else:
                 idx, n, bonus = self.walk(tree, logits, keys)
         n = jnp.where(live, n, 0)
+        toks, _ = emitted_tokens(tree, idx, jnp.maximum(n, 1), bonus)
+        n, finite = self.finite_prefix(logits, idx, n)      # cut where the logits were not finite
         S, N = self.shape
         # A chain's accepted nodes are 0 .. n-1, and so are forced accepts: no KV moves.
         with jax.named_scope("commit"):
             cache, acc_feats = commit_accepted(cache, feats, idx, n,
                                                contiguous=N == S + 1 or bool(self.forced_accept))
-        toks, _ = emitted_tokens(tree, idx, jnp.maximum(n, 1), bonus)
         with jax.named_scope("extend"):
             dstate = self.drafter.extend(dparams, (self.config, params), s.draft, acc_feats,
                                          toks, n)
         hist = s.accept_hist.at[jnp.arange(toks.shape[0]), n].add(live.astype(jnp.int32))
         s = s.replace(cache=cache, draft=dstate, root=jnp.where(live, bonus, s.root),
                       iterations=s.iterations + live.astype(jnp.int32), accept_hist=hist)
-        return self.emit(s, toks, n, stop_ids, max_new)
+        return self.emit(s, toks, n, stop_ids, max_new, finite)
 
     def iterate(self, params, dparams, s: SpecState, stop_ids, max_new) -> SpecState:
         # Named scopes put the phase into every op's metadata, so a profile of the compiled
@@ -203,8 +218,8 @@ class SpecDecoder:
                       max_new, key) -> SpecState:
         S, _ = self.shape
         B = prompt.shape[0]
-        cache, dstate, first, row_keys = self.prefill(params, dparams, prompt, prompt_lens,
-                                                      page_table, draft_table, key)
+        cache, dstate, first, row_keys, finite = self.prefill(params, dparams, prompt, prompt_lens,
+                                                              page_table, draft_table, key)
         s = SpecState(
             cache=cache, draft=dstate, root=first,
             tokens=jnp.zeros((B, self.max_new_tokens + S + 1), jnp.int32),
@@ -212,7 +227,7 @@ class SpecDecoder:
             stop_reason=jnp.where(max_new <= 0, MAX_NEW_TOKENS, RUNNING),
             iterations=jnp.zeros((B,), jnp.int32), accept_hist=jnp.zeros((B, S + 2), jnp.int32),
             row_keys=row_keys)
-        return self.emit(s, first[:, None], jnp.ones((B,), jnp.int32), stop_ids, max_new)
+        return self.emit(s, first[:, None], finite.astype(jnp.int32), stop_ids, max_new, finite)
 
     @functools.partial(jax.jit, static_argnames=("self",))
     def run(self, params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids, max_new,

@@ -242,6 +242,8 @@ def _shapes(B=2, N=4, H=4, KVH=2, D=128, P=10, ps=16, M=4, dtype=jnp.float32, ma
     ("gpu", dict(D=48), "power of two >= 16"),
     ("gpu", dict(D=8), "power of two >= 16"),
     ("gpu", dict(ps=24), "page_size to be a power of two"),
+    ("gpu", dict(D=2048), "shared memory even at the smallest blocks"),
+    ("tpu", dict(D=16384), "does not fit VMEM even at one tile of rows"),
     ("reference", dict(N=65, mask=(jnp.uint32, 3)), "at most 64|1 <= N <= 64"),
     ("tpu", dict(dtype=jnp.float16), "float32 and bfloat16"),
     ("tpu", dict(mask=(jnp.uint8, 2)), "need exactly 1"),

@@ -1,4 +1,5 @@
-"""``python -m jspec.bench {plain,forward,spec,anatomy,plan,load} ...`` (see :mod:`jspec.bench`)."""
+"""``python -m jspec.bench {plain,forward,spec,anatomy,plan,load,long-run,aot-kernels} ...``
+(see :mod:`jspec.bench`)."""
 
 from __future__ import annotations
 
@@ -118,7 +119,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="attention and verify walk: the jnp reference or the Pallas kernels "
                         "(TPU/GPU, e.g. with --aot)")
     s.add_argument("--json", metavar="OUT", help="also write the rows as JSON")
+    long_run_args(sub.add_parser("long-run", help="a ~16k-token generation and 200 consecutive "
+                                                  "calls: RSS, compile counts, wall time"))
     return p
+
+
+def long_run_args(s) -> None:
+    s.add_argument("--parts", nargs="+", choices=["long", "calls"], default=["long", "calls"])
+    s.add_argument("--model", default=None, help="default: checkpoints/default/target")
+    s.add_argument("--drafter", default=None,
+                   help="drafter checkpoint (default: the shipped EAGLE-3), or none")
+    s.add_argument("--spec", metavar="S,K,N", default=None, help="default: the drafter's")
+    s.add_argument("--prompts", default=None,
+                   help="text file (default: the shipped held-out prompts); long: one line a "
+                        "row; calls: windows of its tokens")
+    s.add_argument("--rows", type=int, default=8, help="long: rows of the long call")
+    s.add_argument("--new-tokens", type=int, default=None,
+                   help="long: new tokens a row (default: up to max_position_embeddings)")
+    s.add_argument("--short-tokens", type=int, default=512,
+                   help="long: new tokens a row of the short call it is compared with")
+    s.add_argument("--calls", type=int, default=200)
+    s.add_argument("--max-new", type=int, default=32, help="calls: max_new_tokens")
+    s.add_argument("--buckets", type=int, default=2, help="calls: prompt buckets of 16 used")
+    s.add_argument("--temperature", type=float, default=0.8, help="calls: the sampled calls'")
+    s.add_argument("--check-every", type=int, default=10,
+                   help="calls: rerun every n-th greedy call with plain decoding")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--json", metavar="OUT", help="also write the figures as JSON")
 
 
 def main(argv=None):
@@ -129,6 +156,9 @@ def main(argv=None):
     if argv[:1] == ["phases"]:           # its own parser: sets XLA_FLAGS before JAX starts
         from jspec.bench import phases
         return phases.main(argv[1:])
+    if argv[:1] == ["aot-kernels"]:      # its own parser: the kernels compiled deviceless
+        from jspec.bench import aot_kernels
+        raise SystemExit(aot_kernels.main(argv[1:]))    # 1 when a cell failed to compile
     if argv[:1] == ["device"]:           # its own parser: the prepared H200 script, see device.py
         from jspec.bench import device
         return device.main(argv[1:])
@@ -155,6 +185,9 @@ def main(argv=None):
     if args.bench == "plan":
         from jspec.bench import plan
         return plan.main(args)
+    if args.bench == "long-run":
+        from jspec.bench import long_run
+        return long_run.main(args)
     if args.bench == "anatomy":
         from jspec.bench import anatomy
         return anatomy.main(args)

@@ -155,20 +155,20 @@ def analyse(name: str, fn: Callable, args: tuple, donate=(), pool_shapes=(),
 DEFAULT_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": True}
 
 
-# Deviceless TPU compiles (DESIGN.md section 6): a topology's abstract device, libtpu installed.
-AOT_TOPOLOGIES = {"v5e": "v5e:2x2", "v6e": "v6e:2x2", "v5p": "v5p:2x2x1"}
+# Deviceless TPU compiles (DESIGN.md section 6): a named target's abstract device (jspec.aot).
+AOT_TARGETS = ("v5e", "v6e", "v5p")
 
 
 def aot_device(name: str):
-    """The first device of a TPU topology, for compiling without one (needs ``libtpu``)."""
-    if name not in AOT_TOPOLOGIES:
-        raise ValueError(f"--aot {name!r}: choose one of {sorted(AOT_TOPOLOGIES)}")
+    """The first device of a TPU generation's topology, for compiling without one (needs
+    ``libtpu``: the ``tpu-aot`` extra)."""
+    if name not in AOT_TARGETS:
+        raise ValueError(f"--aot {name!r}: choose one of {sorted(AOT_TARGETS)}")
+    from jspec import aot as targets          # (``aot`` is anatomy()'s argument)
     try:
-        from jax.experimental import topologies
-        return topologies.get_topology_desc(AOT_TOPOLOGIES[name], platform="tpu").devices[0]
-    except Exception as e:
-        raise SystemExit(f"--aot {name}: no TPU compiler here ({type(e).__name__}: {e}); "
-                         "install libtpu (pip install -e '.[tpu]')") from None
+        return targets.device(name)
+    except targets.CompilerMissing as e:
+        raise SystemExit(f"--aot {e}") from None
 
 
 # ------------------------------------------------------------------ programs
@@ -276,7 +276,7 @@ def anatomy(cfg: LlamaConfig, kind: str | None = "eagle3", spec: SpecConfig | No
     """Rows for the plain step and (with a drafter ``kind``) draft / verify / finish /
     iteration. ``programs``: names to compile (default all); ``compiler_options``: see
     :func:`analyse`; ``aot``: compile for that TPU generation without one
-    (:data:`AOT_TOPOLOGIES`), tracing as for TPU (:func:`jspec.platform.building_for`)."""
+    (:data:`AOT_TARGETS`), tracing as for TPU (:func:`jspec.platform.building_for`)."""
     device = aot_device(aot) if aot is not None else None
     with building_for("tpu") if aot is not None else contextlib.nullcontext():
         return _anatomy(cfg, kind, spec, batch, context, max_new, page_size, temperature,

@@ -38,6 +38,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jspec import aot
 from jspec.bench import common, configs
 from jspec.bench.anatomy import Setup, abstract_drafter, abstract_target_params, parse_spec
 from jspec.bench.hlo import _called, _loop_trips, parse_hlo
@@ -280,11 +281,9 @@ def tpu_devices(topology: str, n: int):
     """``n`` abstract devices of a TPU topology such as ``v5e:2x4`` (deviceless compile,
     needs libtpu; DESIGN.md section 6)."""
     try:
-        from jax.experimental import topologies
-        devices = topologies.get_topology_desc(topology, platform="tpu").devices
-    except Exception as e:
-        raise SystemExit(f"--aot {topology}: no TPU compiler here ({type(e).__name__}: {e}); "
-                         "install libtpu (pip install -e '.[tpu]')") from None
+        devices = aot.topology_devices("tpu", topology)
+    except aot.CompilerMissing as e:
+        raise SystemExit(f"--aot {e}") from None
     if len(devices) != n:
         raise SystemExit(f"--aot {topology} has {len(devices)} chips, the mesh needs {n}")
     return devices

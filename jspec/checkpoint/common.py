@@ -6,6 +6,8 @@ so a bad checkpoint fails naming the tensor before the whole file has been read.
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any, Callable, Iterable
 
 import flax.linen as nn
@@ -23,6 +25,18 @@ Progress = Callable[..., Iterable]
 
 class CheckpointError(ValueError):
     """A checkpoint is missing a tensor, has one of the wrong shape, or is malformed."""
+
+
+def read_json(f: str | os.PathLike) -> Any:
+    """A checkpoint's JSON file (config, index, metadata); a missing or malformed one is a
+    :class:`CheckpointError` naming it, not a bare ``JSONDecodeError``."""
+    try:
+        with open(f) as fh:
+            return json.load(fh)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{f}: not valid JSON ({e})") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{f}: cannot read ({e})") from e
 
 
 def with_dtype(cfg: LlamaConfig, dtype) -> LlamaConfig:

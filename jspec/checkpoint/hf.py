@@ -19,7 +19,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from jspec.checkpoint.common import (CheckpointError, Progress, check_shape, expected_shapes,
-                                     flatten, no_progress, to_param, unflatten,
+                                     flatten, no_progress, read_json, to_param, unflatten,
                                      with_dtype)
 from jspec.config import LlamaConfig
 from jspec.target import Target
@@ -124,8 +124,8 @@ class SafetensorsDir(Mapping):
         index = d / "model.safetensors.index.json"
         if index.is_file():
             try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                weight_map = read_json(index)["weight_map"]
+            except (KeyError, TypeError) as e:
                 raise CheckpointError(f"{index}: malformed index ({e!r})") from e
             self._where = {k: d / v for k, v in weight_map.items()}
             for f in set(self._where.values()):
@@ -143,19 +143,15 @@ class SafetensorsDir(Mapping):
 
     def _handle(self, name: str):
         file = self._where[name]  # KeyError for a missing tensor, as Mapping requires
-        try:
-            if file not in self._open:
+        if file not in self._open:
+            with _reading(file):
                 self._open[file] = self._stack.enter_context(safe_open(file, framework="numpy"))
-        except Exception as e:
-            raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from e
         return file, self._open[file]
 
     def __getitem__(self, name: str) -> np.ndarray:
         file, f = self._handle(name)
-        try:
+        with _reading(file, name):   # a corrupt file, or the index named a tensor it lacks
             return f.get_tensor(name)
-        except Exception as e:  # SafetensorError: corrupt file, or the index named a tensor
-            raise CheckpointError(f"{file.name}: cannot read tensor {name!r} ({e})") from e
 
     def sharded(self, name: str, sharding, dtype, transpose: bool = False) -> jax.Array:
         """Tensor ``name`` (transposed if asked) as a ``dtype`` array placed by ``sharding``,
@@ -167,20 +163,16 @@ class SafetensorsDir(Mapping):
         shape = shape[::-1] if transpose else shape
 
         def block(index):
-            try:
+            with _reading(file, name):
                 arr = lazy[tuple(reversed(index)) if transpose else index]
-            except Exception as e:
-                raise CheckpointError(f"{file.name}: cannot read tensor {name!r} ({e})") from e
             return np.asarray(arr.T if transpose else arr).astype(dtype, copy=False)
         return jax.make_array_from_callback(shape, sharding, block)
 
     def shape(self, name: str) -> tuple[int, ...]:
         """A tensor's shape from its file header, without reading the data."""
         file, f = self._handle(name)
-        try:
+        with _reading(file, name):
             return tuple(f.get_slice(name).get_shape())
-        except Exception as e:
-            raise CheckpointError(f"{file.name}: cannot read the header of tensor {name!r} ({e})") from e
 
     def __iter__(self):
         return iter(self._where)
@@ -199,11 +191,55 @@ class SafetensorsDir(Mapping):
 
 
 def _keys(file: Path) -> list[str]:
+    with _reading(file), safe_open(file, framework="numpy") as f:
+        return list(f.keys())
+
+
+# safetensors' own errors ("incomplete metadata, file not fully covered") name neither the file
+# nor the fault. The layout is simple enough to tell: an 8-byte little-endian header length,
+# that many bytes of JSON, then the data its offsets describe.
+_MAX_HEADER = 100_000_000    # safetensors refuses a longer header
+
+
+@contextlib.contextmanager
+def _reading(file: Path, tensor: str | None = None):
+    """Any error reading ``file`` (``tensor`` in it) becomes a :class:`CheckpointError` naming
+    the file and, where the bytes show it, what is wrong: truncated, or not safetensors."""
     try:
-        with safe_open(file, framework="numpy") as f:
-            return list(f.keys())
+        yield
     except Exception as e:  # SafetensorError is not a public subclass of anything useful
-        raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from e
+        what = f"cannot read tensor {tensor!r}" if tensor else "not a readable safetensors file"
+        problem = _safetensors_problem(file)
+        raise CheckpointError(f"{file}: {what}" + (f": {problem}" if problem else "")
+                              + f" ({e})") from e
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    """Why ``file`` is not a whole safetensors file, or None when its layout looks sound."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little")
+            header = f.read(min(n, _MAX_HEADER))
+    except OSError as e:
+        return f"cannot open it ({e})"
+    if len(head) < 8:
+        return f"truncated: {size} bytes, shorter than the 8-byte header length"
+    if n > _MAX_HEADER or not header.startswith(b"{"):
+        return (f"not a safetensors file: its first 8 bytes give a header length of {n} "
+                f"and the header does not start with '{{'")
+    if len(header) < n:
+        return f"truncated: {size} bytes, inside its {8 + n}-byte header"
+    try:
+        entries = json.loads(header)
+        end = 8 + n + max((int(v["data_offsets"][1]) for k, v in entries.items()
+                           if k != "__metadata__"), default=0)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return "not a safetensors file: its header is not safetensors JSON"
+    if size < end:
+        return f"truncated: {size} bytes where its header describes {end}"
+    return None
 
 
 def load_hf_config(path: str | os.PathLike, dtype=None) -> LlamaConfig:
@@ -214,7 +250,7 @@ def load_hf_config(path: str | os.PathLike, dtype=None) -> LlamaConfig:
     gen = d / "generation_config.json"
     if gen.is_file():
         # generate() stops on generation_config's eos list, which may be wider than config's.
-        eos = json.loads(gen.read_text()).get("eos_token_id")
+        eos = read_json(gen).get("eos_token_id")
         if eos is not None:
             cfg = cfg.replace(eos_token_ids=tuple(eos) if isinstance(eos, list) else (eos,))
     return with_dtype(cfg, dtype)
@@ -242,7 +278,7 @@ def _explicit_bos(path, cfg: LlamaConfig) -> int | None:
     """BOS id when ``tokenizer_config.json`` asks for one; otherwise ``None`` lets the
     tokenizer's post-processor decide, as transformers does."""
     tc = Path(path) / "tokenizer_config.json"
-    if tc.is_file() and json.loads(tc.read_text()).get("add_bos_token"):
+    if tc.is_file() and read_json(tc).get("add_bos_token"):
         return cfg.bos_token_id
     return None
 

@@ -95,9 +95,10 @@ def read_header(path: str | os.PathLike) -> tuple[LlamaConfig, bool]:
     want = 4 * (HEADER + sum(int(np.prod(s)) for _, s in _layout(cfg, untied)))
     if size != want:
         raise CheckpointError(
-            f"{p}: file is {size} bytes but its header (dim={dim}, hidden_dim={hidden}, "
-            f"n_layers={n_layers}, n_heads={n_heads}, n_kv_heads={n_kv}, vocab_size={vocab}, "
-            f"seq_len={seq_len}) implies {want} bytes for a version-0 float32 export")
+            f"{p}: {'truncated' if size < want else 'too long'}: file is {size} bytes but its "
+            f"header (dim={dim}, hidden_dim={hidden}, n_layers={n_layers}, n_heads={n_heads}, "
+            f"n_kv_heads={n_kv}, vocab_size={vocab}, seq_len={seq_len}) implies {want} bytes "
+            "for a version-0 float32 export")
     return cfg, untied
 
 

@@ -19,8 +19,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jspec.checkpoint.common import (CheckpointError, Progress, check_shape, expected_shapes,
-                                     flatten, no_progress, path_str, to_param, unflatten,
-                                     with_dtype)
+                                     flatten, no_progress, path_str, read_json, to_param,
+                                     unflatten, with_dtype)
 from jspec.config import LlamaConfig
 from jspec.target import Target
 from jspec.tokenizer import load_tokenizer
@@ -84,11 +84,8 @@ def move_into_place(tmp: Path, dst: Path) -> None:
 
 def read_meta(path: str | os.PathLike) -> dict:
     f = Path(path) / CONFIG_FILE
-    try:
-        meta = json.loads(f.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{f}: cannot read ({e})") from e
-    info = meta.get("jspec")
+    meta = read_json(f)
+    info = meta.get("jspec") if isinstance(meta, dict) else None
     if not isinstance(info, dict) or info.get("format") != FORMAT:
         raise CheckpointError(f"{f}: not a jspec Orbax checkpoint (no jspec.format={FORMAT!r})")
     if info.get("version") != VERSION:
@@ -97,14 +94,42 @@ def read_meta(path: str | os.PathLike) -> dict:
     return meta
 
 
+# Orbax and tensorstore report a damaged params directory (a file deleted or cut short) as a
+# bare AttributeError/ValueError from deep inside, or as metadata that is silently None. Every
+# read of one goes through stored_tensors or _restore, which say which checkpoint is at fault.
+def _unreadable(pdir: Path, cause) -> CheckpointError:
+    return CheckpointError(f"{pdir}: unreadable Orbax checkpoint ({cause}; was a file deleted "
+                           "or cut short?)")
+
+
+def stored_tensors(ckptr, pdir: Path) -> dict:
+    """Flat ``{path: array metadata}`` of the PyTree checkpoint in ``pdir``, from its metadata
+    alone (no tensor data is read)."""
+    try:
+        item = ckptr.metadata(pdir).item_metadata
+    except Exception as e:
+        raise _unreadable(pdir, f"reading its metadata: {e}") from e
+    if item is None:      # Orbax logs a metadata file it cannot parse and returns none
+        raise _unreadable(pdir, "no _METADATA file" if not (pdir / "_METADATA").is_file()
+                          else "Orbax could not read its metadata")
+    return flatten(item.tree)
+
+
+def _restore(ckptr, pdir: Path, args) -> dict:
+    try:
+        return flatten(ckptr.restore(pdir, args=ocp.args.PyTreeRestore(restore_args=args)))
+    except Exception as e:   # tensorstore's message names the tensor and the byte range
+        raise _unreadable(pdir, f"reading its tensors: {e}") from e
+    finally:
+        ckptr.close()
+
+
 def restore_numpy(ckptr, pdir, paths) -> dict:
     """Restore the flat ``paths`` of a PyTree checkpoint as host numpy arrays, so the saved
     sharding/topology never matters; closes ``ckptr``."""
     args = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
                                   unflatten({p: 0 for p in paths}))
-    raw = flatten(ckptr.restore(pdir, args=ocp.args.PyTreeRestore(restore_args=args)))
-    ckptr.close()
-    return raw
+    return _restore(ckptr, pdir, args)
 
 
 def restore_sharded(ckptr, pdir, shardings: dict, dtypes: dict) -> dict:
@@ -112,9 +137,7 @@ def restore_sharded(ckptr, pdir, shardings: dict, dtypes: dict) -> dict:
     blocks this process's devices hold), cast to ``dtypes[path]``; closes ``ckptr``."""
     args = unflatten({p: ocp.ArrayRestoreArgs(sharding=sh, dtype=jnp.dtype(dtypes[p]))
                       for p, sh in shardings.items()})
-    raw = flatten(ckptr.restore(pdir, args=ocp.args.PyTreeRestore(restore_args=args)))
-    ckptr.close()
-    return raw
+    return _restore(ckptr, pdir, args)
 
 
 def load_orbax(path: str | os.PathLike, dtype=None, progress: Progress | None = None,
@@ -128,7 +151,7 @@ def load_orbax(path: str | os.PathLike, dtype=None, progress: Progress | None = 
     shapes = expected_shapes(cfg)
     ckptr = ocp.PyTreeCheckpointer()
     pdir = d / info.get("params", PARAMS_DIR)
-    stored = flatten(ckptr.metadata(pdir).item_metadata.tree)
+    stored = stored_tensors(ckptr, pdir)
     # Shapes come from metadata, so a mismatch is reported before any array is read.
     for p, shape in shapes.items():
         if p not in stored:

@@ -52,7 +52,7 @@ from pathlib import Path
 
 from jspec.checkpoint.common import CheckpointError
 from jspec.config import LlamaConfig
-from jspec.drafters import Drafter, hf_io, orbax_format, registry
+from jspec.drafters import Drafter, hf_io, orbax_format, registry, vocab
 from jspec.drafters.hf_io import save_hf_drafter, state_dict_from_drafter
 from jspec.drafters.hf_layout import Tensors, dtype_name, read_config
 from jspec.drafters.orbax_format import CONFIG_FILE as DRAFTER_CONFIG_FILE
@@ -91,6 +91,8 @@ def load_drafter(path: str | os.PathLike, target_config, dtype=None, *, kind: st
     ``aux_layers`` overrides EAGLE-3's aux layers, in jspec's input-of-layer convention.
     ``dtype`` defaults to the target's. Raises :class:`DrafterMismatchError` or
     :class:`CheckpointError` (naming the field or tensor) before anything is compiled.
+    A ``d2t`` that is all zeros over a reduced draft vocabulary (the map of a buffer saved
+    before it was filled) loads, with a warning on the ``"jspec"`` logger.
     A ``jspec_calibration.json`` beside the weights (``python -m jspec.train calibrate``)
     is attached for ``SpecConfig(selection="calibrated")``. ``mesh``: parameters placed by
     :func:`jspec.sharding.drafter_shardings` (a jspec Orbax drafter is restored straight into
@@ -98,6 +100,8 @@ def load_drafter(path: str | os.PathLike, target_config, dtype=None, *, kind: st
     """
     drafter = _load_drafter(path, target_config, dtype, kind=kind, aux_layers=aux_layers,
                             mesh=mesh)
+    vocab.warn_zero_d2t(drafter.module, drafter.params, _as_config(target_config).vocab_size,
+                        path)
     try:
         table = calibration.load(path)
     except (calibration.CalibrationError, ValueError, KeyError) as e:

@@ -9,14 +9,13 @@ and writing for every kind alike.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Callable
 
 import jax
 import numpy as np
 
-from jspec.checkpoint.common import CheckpointError
+from jspec.checkpoint.common import CheckpointError, read_json
 from jspec.checkpoint.hf import SafetensorsDir
 from jspec.config import ConfigError, LlamaConfig, rope_from_hf
 
@@ -95,10 +94,7 @@ def read_config(d: Path, alt: str) -> dict:
     f = d / "config.json"
     if not f.is_file():
         raise CheckpointError(f"{d}: no config.json (nor {alt})")
-    try:
-        cfg = json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{f}: not valid JSON ({e})") from e
+    cfg = read_json(f)
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{f}: not a JSON object")
     return cfg

@@ -18,8 +18,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jspec.checkpoint.common import CheckpointError, check_shape, flatten, path_str, to_param, unflatten
-from jspec.checkpoint.orbax_io import atomic_dir, restore_numpy, restore_sharded
+from jspec.checkpoint.common import (CheckpointError, check_shape, flatten, path_str, read_json,
+                                     to_param, unflatten)
+from jspec.checkpoint.orbax_io import atomic_dir, restore_numpy, restore_sharded, stored_tensors
 from jspec.config import LlamaConfig
 from jspec.drafters import registry
 from jspec.drafters.hf_io import expected_params
@@ -64,10 +65,7 @@ def save_drafter(drafter, path, overwrite: bool = False) -> None:
 
 def read_meta(d: Path) -> dict:
     f = d / CONFIG_FILE
-    try:
-        meta = json.loads(f.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{f}: cannot read ({e})") from e
+    meta = read_json(f)
     info = meta.get("jspec") if isinstance(meta, dict) else None
     if not isinstance(info, dict) or info.get("format") != FORMAT:
         raise CheckpointError(f"{f}: not a jspec drafter checkpoint (no jspec.format={FORMAT!r})")
@@ -111,10 +109,7 @@ def load_orbax(d: Path, target: LlamaConfig, dtype: str, mesh=None):
     expected = expected_params(module, target)
     ckptr = ocp.PyTreeCheckpointer()
     pdir = d / meta["jspec"].get("params", PARAMS_DIR)
-    try:
-        stored = flatten(ckptr.metadata(pdir).item_metadata.tree)
-    except Exception as e:
-        raise CheckpointError(f"{pdir}: cannot read Orbax metadata ({e})") from e
+    stored = stored_tensors(ckptr, pdir)
     # A d2t over the full vocabulary (a permutation) is optional: absent means the identity.
     optional = {("d2t",)} if getattr(module, "map_key", None) == "d2t" else set()
     for p, leaf in expected.items():

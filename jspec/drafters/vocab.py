@@ -29,6 +29,7 @@ params of ``[H, Vd]`` kernels) and its map's key (``map_key``).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import flax.linen as nn
@@ -39,6 +40,7 @@ import numpy as np
 from jspec.drafters.base import DrafterMismatchError
 
 MAP_KEYS = ("d2t", "token_map")
+log = logging.getLogger("jspec")
 
 
 # ------------------------------------------------------------------ checks
@@ -57,6 +59,21 @@ def check_d2t(d2t, draft_vocab: int, target_vocab: int, kind: str = "eagle3") ->
     if not np.issubdtype(d2t.dtype, np.integer):
         raise DrafterMismatchError(f"d2t has dtype {d2t.dtype}, expected an integer type")
     _check_ids("d2t", np.arange(draft_vocab) + d2t, target_vocab)
+
+
+def warn_zero_d2t(module, params, target_vocab: int, source) -> None:
+    """Log a warning when a loaded checkpoint's ``d2t`` over a reduced draft vocabulary is all
+    zeros: a valid map (draft id i -> target id i), but the one a d2t buffer holds when it
+    was saved before being filled, which no frequency-ranked draft vocabulary is. Only for
+    checkpoints: :func:`identity_d2t` gives in-memory drafters that map on purpose."""
+    d2t = params.get("d2t")
+    if d2t is None or module.draft_vocab == target_vocab or np.asarray(d2t).any():
+        return
+    log.warning("%s: d2t is all zeros, so draft id i proposes target id i (the first %d of the "
+                "target's %d ids, not a frequency-ranked draft vocabulary); a trained %s head "
+                "with such a map accepts almost nothing unless it was trained with this "
+                "identity-prefix vocabulary (was the d2t buffer saved before it was filled?)",
+                source, module.draft_vocab, target_vocab, module.kind)
 
 
 def check_token_map(token_map, draft_vocab: int, target_vocab: int, kind: str = "medusa") -> None:
@@ -232,6 +249,7 @@ class DraftVocab:
         return {} if d2t is None else {"d2t": d2t}
 
 
-__all__ = ["MAP_KEYS", "check_d2t", "check_token_map", "check_draft_vocab", "draft_to_target",
-           "to_target_ids", "kept_ids", "t2d_for", "d2t_from_ids", "identity_d2t", "build_d2t",
-           "target_to_draft", "truncate_head", "set_draft_vocab", "DraftVocab"]
+__all__ = ["MAP_KEYS", "check_d2t", "warn_zero_d2t", "check_token_map", "check_draft_vocab",
+           "draft_to_target", "to_target_ids", "kept_ids", "t2d_for", "d2t_from_ids",
+           "identity_d2t", "build_d2t", "target_to_draft", "truncate_head", "set_draft_vocab",
+           "DraftVocab"]

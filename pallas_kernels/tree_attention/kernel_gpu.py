@@ -1,13 +1,15 @@
 """Tree attention over a paged KV cache: GPU Pallas kernel (Triton lowering).
 
-Grid ``(B, KVH)``; each program holds its KV head's ``N * G`` query rows (padded to
-a power of two >= 16) and loops with ``lax.fori_loop`` over blocks of
-``pages_per_block`` pages up to ``lengths[b] + N``, gathering each block's pages
-through the row's page table straight from the whole stacked pool
-``[L, KVH, P, page_size, D]`` (``k_ref[layer, h, pages]``, the layer read from a
-scalar operand, so a traced layer never slices a pool; Triton's pointer arithmetic
-goes 64-bit when a pool exceeds 4 GiB). Online softmax in fp32 registers; the prefix needs
-only the length bound, the N tree columns decode the packed mask words in-kernel.
+Grid ``(B, KVH, R / row_block)``; each program holds ``row_block`` of its KV head's
+``N * G`` query rows (padded to a power of two R >= 16; all of them unless the rows are
+split to fit shared memory, see ``block_sizes``) and loops with ``lax.fori_loop`` over
+key blocks up to ``lengths[b] + N``: ``pages_per_block`` pages, gathered through the row's
+page table (``k_ref[layer, h, pages]``), or, when a page is larger than a block
+(``page_chunks`` > 1), a slice of one page. Pages are read straight from the whole stacked
+pool ``[L, KVH, P, page_size, D]``, the layer read from a scalar operand, so a traced layer
+never slices a pool; Triton's pointer arithmetic goes 64-bit when a pool exceeds 4 GiB.
+Online softmax in fp32 registers; the prefix needs only the length bound, the N tree
+columns decode the packed mask words in-kernel.
 Triton needs power-of-two block dims: rows, head_dim and page_size (validated).
 Dots are plain ``lax.dot_general`` with fp32 accumulation (what ``plgpu.dot`` wraps;
 newer JAX documents no ``dot`` in ``pallas.triton``); fp32 inputs use HIGHEST
@@ -31,10 +33,10 @@ MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 def _kernel(q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, lo_ref, hi_ref, o_ref, *,
-            ppb: int, page_size: int, num_nodes: int, num_blocks: int, scale: float):
+            ppb: int, chunks: int, page_size: int, num_nodes: int, num_blocks: int, scale: float):
     q = q_ref[...]                                                       # [R, D]
     rows, D = q.shape
-    bk = ppb * page_size
+    bk = ppb * page_size // chunks
     length = len_ref[0]
     layer, h = layer_ref[0], pl.program_id(1)
     lo, hi = lo_ref[...][:, None], hi_ref[...][:, None]                  # [R, 1] int32
@@ -43,9 +45,16 @@ def _kernel(q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, lo_ref, hi_ref, o_r
 
     def body(j, carry):
         acc, m, l = carry
-        pages = pt_ref[pl.ds(j * ppb, ppb)]                               # [ppb]
-        k = k_ref[layer, h, pages].reshape(bk, D)
-        v = v_ref[layer, h, pages].reshape(bk, D)
+        if chunks == 1:                                                   # ppb whole pages
+            pages = pt_ref[pl.ds(j * ppb, ppb)]                           # [ppb]
+            k = k_ref[layer, h, pages].reshape(bk, D)
+            v = v_ref[layer, h, pages].reshape(bk, D)
+        else:                                                             # a slice of one page
+            # lax.div/rem (j >= 0): Python's // and % lower through sign fix-ups Triton refuses.
+            page = pt_ref[pl.ds(lax.div(j, chunks), 1)]                   # [1]
+            at = pl.ds(pl.multiple_of(lax.rem(j, chunks) * bk, bk), bk)
+            k = k_ref[layer, h, page, at].reshape(bk, D)
+            v = v_ref[layer, h, page, at].reshape(bk, D)
         s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec,
                             preferred_element_type=jnp.float32) * scale           # [R, bk]
         rel = (j * bk - length) + jnp.arange(bk, dtype=jnp.int32)[None, :]   # [1, bk]
@@ -72,26 +81,28 @@ def tree_attention_gpu(q, k_pages, v_pages, page_table, lengths, mask_bits, laye
                        blocks: BlockSizes, interpret: bool = False,
                        prepared: layout.RowInputs | None = None) -> jax.Array:
     """The Triton form of :func:`pallas_kernels.tree_attention.kernel_tpu.tree_attention_tpu`
-    (same arguments): one program per (row, KV head) walks the row's live pages."""
+    (same arguments): one program per (row, KV head, block of query rows) walks the row's
+    live pages."""
     B, N, H, D = q.shape
     L, KVH, P, ps, _ = k_pages.shape
     G = H // KVH
-    ppb, R = blocks.pages_per_block, blocks.rows
+    ppb, R, Rb = blocks.pages_per_block, blocks.rows, blocks.row_block or blocks.rows
     qg, (pt, words) = layout.kernel_operands(q, k_pages, page_table, mask_bits, blocks, prepared)
     M = pt.shape[1]
     lo, hi = words[..., 0], words[..., 1]
-    kernel = functools.partial(_kernel, ppb=ppb, page_size=ps, num_nodes=N,
-                               num_blocks=M // ppb, scale=D ** -0.5)
-    q_spec = pl.BlockSpec((None, None, R, D), lambda b, h: (b, h, 0, 0))
-    kv_spec = pl.BlockSpec((L, KVH, P, ps, D), lambda b, h: (0, 0, 0, 0, 0))   # whole pool
-    row_spec = pl.BlockSpec((None, R), lambda b, h: (b, 0))
+    chunks = blocks.page_chunks
+    kernel = functools.partial(_kernel, ppb=ppb, chunks=chunks, page_size=ps, num_nodes=N,
+                               num_blocks=M // ppb * chunks, scale=D ** -0.5)
+    q_spec = pl.BlockSpec((None, None, Rb, D), lambda b, h, r: (b, h, r, 0))
+    kv_spec = pl.BlockSpec((L, KVH, P, ps, D), lambda b, h, r: (0, 0, 0, 0, 0))   # whole pool
+    row_spec = pl.BlockSpec((None, Rb), lambda b, h, r: (b, r))
     out = pl.pallas_call(
         kernel,
-        grid=(B, KVH),
+        grid=(B, KVH, R // Rb),
         in_specs=[q_spec, kv_spec, kv_spec,
-                  pl.BlockSpec((None, M), lambda b, h: (b, 0)),
-                  pl.BlockSpec((1,), lambda b, h: (b,)),
-                  pl.BlockSpec((1,), lambda b, h: (0,)),
+                  pl.BlockSpec((None, M), lambda b, h, r: (b, 0)),
+                  pl.BlockSpec((1,), lambda b, h, r: (b,)),
+                  pl.BlockSpec((1,), lambda b, h, r: (0,)),
                   row_spec, row_spec],
         out_specs=q_spec,
         out_shape=jax.ShapeDtypeStruct((B, KVH, R, D), q.dtype),

@@ -1,6 +1,6 @@
 """Tree attention over a paged KV cache: TPU (Mosaic) Pallas kernel.
 
-Grid ``(B, KVH, num_blocks)``; ``page_table`` (flattened), ``lengths`` and the layer
+Grid ``(B, KVH, R / row_block, num_blocks)``; ``page_table`` (flattened), ``lengths`` and the layer
 index are scalar-prefetched into SMEM, and the K/V BlockSpecs' index maps read them
 (as in JAX's ``paged_attention``): the pools are the whole stacked cache
 ``[L, KVH, P, page_size, D]`` in HBM, blocked ``(1, 1, 1, page_size, D)`` with the L,
@@ -11,7 +11,8 @@ block is ``pages_per_block`` pages: the K (and V) operand is passed
 the pages are concatenated along the (sublane-aligned) key axis in VMEM.
 
 Per ``(b, kvh)`` the ``N * G`` query rows (node-major, padded to the sublane tile)
-stay resident; the online-softmax state ``m, l`` (lane-replicated ``[rows, 128]``)
+stay resident (in blocks of ``row_block`` rows when all of them would not fit VMEM, see
+``block_sizes``); the online-softmax state ``m, l`` (lane-replicated ``[rows, 128]``)
 and the fp32 accumulator live in VMEM scratch. Key positions ``p < lengths[b]`` are
 visible with no mask (length bound only); positions ``lengths[b] + j`` for
 ``j < N`` (the tree nodes, which may straddle pages) are visible to row ``n*G+g``
@@ -43,7 +44,7 @@ def _kernel(lengths_ref, pt_ref, layer_ref,           # scalar prefetch (SMEM)
             ppb: int, page_size: int, num_nodes: int, num_blocks: int, scale: float):
     k_refs, v_refs = refs[:ppb], refs[ppb:2 * ppb]
     o_ref, m_sc, l_sc, acc_sc = refs[2 * ppb:]
-    b, i = pl.program_id(0), pl.program_id(2)
+    b, i = pl.program_id(0), pl.program_id(3)
     length = lengths_ref[b]
     bk = ppb * page_size
     start = i * bk
@@ -99,13 +100,13 @@ def tree_attention_tpu(q, k_pages, v_pages, page_table, lengths, mask_bits, laye
     B, N, H, D = q.shape
     L, KVH, P, ps, _ = k_pages.shape
     G = H // KVH
-    ppb, R = blocks.pages_per_block, blocks.rows
+    ppb, R, Rb = blocks.pages_per_block, blocks.rows, blocks.row_block or blocks.rows
     qg, (pt, words) = layout.kernel_operands(q, k_pages, page_table, mask_bits, blocks, prepared)
     M = pt.shape[1]                                                      # M % ppb == 0
     num_blocks = M // ppb
 
     def kv_spec(j):
-        def index_map(b, h, i, lengths_ref, pt_ref, layer_ref):
+        def index_map(b, h, r, i, lengths_ref, pt_ref, layer_ref):
             # Last page any visible key of this row lives on; later steps repeat it (no DMA).
             # lax.div, not //: floor division lowers through sign, which needs TPU info at lowering.
             last = jnp.minimum(lax.div(jnp.maximum(lengths_ref[b] + N - 1, 0), ps), M - 1)
@@ -113,22 +114,22 @@ def tree_attention_tpu(q, k_pages, v_pages, page_table, lengths, mask_bits, laye
             return (layer_ref[0], h, pt_ref[b * M + pos], 0, 0)
         return pl.BlockSpec((None, None, None, ps, D), index_map)
 
-    q_spec = pl.BlockSpec((None, None, R, D), lambda b, h, i, *_: (b, h, 0, 0))
-    w_spec = pl.BlockSpec((None, R, 2), lambda b, h, i, *_: (b, 0, 0))
+    q_spec = pl.BlockSpec((None, None, Rb, D), lambda b, h, r, i, *_: (b, h, r, 0))
+    w_spec = pl.BlockSpec((None, Rb, 2), lambda b, h, r, i, *_: (b, r, 0))
     kernel = functools.partial(_kernel, ppb=ppb, page_size=ps, num_nodes=N,
                                num_blocks=num_blocks, scale=D ** -0.5)
     out = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=3,
-            grid=(B, KVH, num_blocks),
+            grid=(B, KVH, R // Rb, num_blocks),
             in_specs=[q_spec, w_spec] + [kv_spec(j) for j in range(ppb)] * 2,
             out_specs=q_spec,
-            scratch_shapes=[pltpu.VMEM((R, LANES), jnp.float32),
-                            pltpu.VMEM((R, LANES), jnp.float32),
-                            pltpu.VMEM((R, D), jnp.float32)]),
+            scratch_shapes=[pltpu.VMEM((Rb, LANES), jnp.float32),
+                            pltpu.VMEM((Rb, LANES), jnp.float32),
+                            pltpu.VMEM((Rb, D), jnp.float32)]),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")),
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
         out_shape=jax.ShapeDtypeStruct((B, KVH, R, D), q.dtype),
         interpret=interpret,
         name=f"tree_attention_tpu_N{N}_G{G}_ppb{ppb}",

@@ -13,7 +13,10 @@ Static constraints (``validate``); every violation is a ``ValueError``, never a 
 |                    | 5-D pools; None with 4-D pools        |                            |                               |
 | N (tree nodes)     | 1 <= N <= 64                          |                            |                               |
 | GQA                | H % KVH == 0                          |                            |                               |
-| head_dim D         |                                       | D % 128 == 0               | power of two, >= 16           |
+| head_dim D         |                                       | D % 128 == 0; one tile of  | power of two, >= 16; the      |
+|                    |                                       | rows fits VMEM (D <= 4096  | smallest blocks fit shared    |
+|                    |                                       | fp32 at page_size <= 128)  | memory (D <= 1024 fp32, 2048  |
+|                    |                                       |                            | bf16)                         |
 | page_size          |                                       | multiple of 8 (fp32),      | power of two                  |
 |                    |                                       | 16 (bf16): sublane tile    |                               |
 | page_table         | ``[B, max_pages]`` int32              |                            |                               |
@@ -106,13 +109,24 @@ def validate(q, k_pages, v_pages, page_table, lengths, mask_bits, layer=None, *,
                              f"sublane tile ({tile} rows), got page_size={ps}")
         if D % 128:
             raise ValueError(f"TPU tree attention needs head_dim to be a multiple of 128 (lane width), got {D}")
-        return bs.tpu_block_sizes(ps, max_pages, rows, q.dtype)
+        blocks = bs.tpu_block_sizes(ps, max_pages, rows, q.dtype, D)
+        if blocks is None:
+            raise ValueError(f"TPU tree attention: head_dim {D} in {q.dtype} with page_size {ps} "
+                             f"does not fit VMEM even at one tile of rows (over the "
+                             f"{bs.TPU_VMEM_BYTES} bytes it is built for)")
+        return blocks
     if backend == "gpu":
         if D < 16 or D & (D - 1):
             raise ValueError(f"GPU (Triton) tree attention needs head_dim to be a power of two >= 16, got {D}")
         if ps & (ps - 1):
             raise ValueError(f"GPU (Triton) tree attention needs page_size to be a power of two, got {ps}")
-        return bs.gpu_block_sizes(ps, max_pages, rows, q.dtype)
+        blocks = bs.gpu_block_sizes(ps, max_pages, rows, q.dtype, D)
+        if blocks is None:
+            need = bs.gpu_smem_bytes(bs.GPU_MIN_DIM, bs.GPU_MIN_DIM, D, q.dtype, 1)
+            raise ValueError(f"GPU (Triton) tree attention: head_dim {D} in {q.dtype} needs {need} "
+                             f"bytes of shared memory even at the smallest blocks (16 keys, 16 "
+                             f"rows), over the {bs.GPU_SMEM_BYTES} it is built for")
+        return blocks
     return None
 
 
