@@ -82,15 +82,18 @@ def move_into_place(tmp: Path, dst: Path) -> None:
         shutil.rmtree(old) if old.is_dir() else old.unlink()
 
 
-def read_meta(path: str | os.PathLike) -> dict:
-    f = Path(path) / CONFIG_FILE
+def read_meta(path: str | os.PathLike, config_file: str = CONFIG_FILE, fmt: str = FORMAT,
+              version: int = VERSION, what: str = "jspec Orbax checkpoint") -> dict:
+    """The checkpoint's JSON metadata, checked for jspec's ``format`` and ``version`` (a
+    target's by default; drafters pass their own file and format)."""
+    f = Path(path) / config_file
     meta = read_json(f)
     info = meta.get("jspec") if isinstance(meta, dict) else None
-    if not isinstance(info, dict) or info.get("format") != FORMAT:
-        raise CheckpointError(f"{f}: not a jspec Orbax checkpoint (no jspec.format={FORMAT!r})")
-    if info.get("version") != VERSION:
+    if not isinstance(info, dict) or info.get("format") != fmt:
+        raise CheckpointError(f"{f}: not a {what} (no jspec.format={fmt!r})")
+    if info.get("version") != version:
         raise CheckpointError(f"{f}: jspec.version={info.get('version')!r}, this build reads "
-                              f"version {VERSION}")
+                              f"version {version}")
     return meta
 
 

@@ -18,8 +18,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jspec.checkpoint.common import (CheckpointError, check_shape, flatten, path_str, read_json,
-                                     to_param, unflatten)
+from jspec.checkpoint.common import (CheckpointError, check_shape, flatten, path_str, to_param,
+                                     unflatten)
+from jspec.checkpoint import orbax_io
 from jspec.checkpoint.orbax_io import atomic_dir, restore_numpy, restore_sharded, stored_tensors
 from jspec.config import LlamaConfig
 from jspec.drafters import registry
@@ -65,13 +66,7 @@ def save_drafter(drafter, path, overwrite: bool = False) -> None:
 
 def read_meta(d: Path) -> dict:
     f = d / CONFIG_FILE
-    meta = read_json(f)
-    info = meta.get("jspec") if isinstance(meta, dict) else None
-    if not isinstance(info, dict) or info.get("format") != FORMAT:
-        raise CheckpointError(f"{f}: not a jspec drafter checkpoint (no jspec.format={FORMAT!r})")
-    if info.get("version") != VERSION:
-        raise CheckpointError(f"{f}: jspec.version={info.get('version')!r}, this build reads "
-                              f"version {VERSION}")
+    meta = orbax_io.read_meta(d, CONFIG_FILE, FORMAT, VERSION, "jspec drafter checkpoint")
     if meta.get("kind") not in _saveable():
         raise CheckpointError(f"{f}: kind={meta.get('kind')!r}, one of {_saveable()}")
     return meta
