@@ -171,58 +171,88 @@ def _per_row() -> bool:
     return target_platform() != "cpu"
 
 
+def _rows_per_layer(cache: PagedKVCache) -> int:
+    _, KVH, P, S, _ = cache.k_pages.shape
+    return KVH * P * S
+
+
 def write_index(cache: PagedKVCache, T: int, valid: jax.Array | None = None,
                 offset: jax.Array | int = 0) -> jax.Array:
     """The layer-independent part of a block's KV scatter indices (see :func:`write_layer`),
-    which a forward computes once, outside its layer loop: ``[B*T, 1]`` slots on CPU,
-    ``[KVH, B*T, 2]`` (head, slot) on TPU/GPU."""
+    which a forward computes once, outside its layer loop: ``[B*T, 1]`` slots on CPU;
+    on TPU/GPU ``[B*KVH*T, 1]`` rows of one layer's ``[KVH * P*S, D]`` view, ordered (row,
+    head, position) as a projection's output is laid out there (so the updates need no
+    transpose), a dropped position negative enough to stay out of range in every layer."""
     slots = write_slots(cache, T, valid, offset)
     if not _per_row():
         return slots[:, None]
-    KVH = cache.k_pages.shape[1]
-    heads = jnp.broadcast_to(jnp.arange(KVH, dtype=jnp.int32)[:, None], (KVH, slots.shape[0]))
-    return jnp.stack([heads, jnp.broadcast_to(slots[None], heads.shape)], -1)
+    L, KVH, P, S, _ = cache.k_pages.shape
+    if 2 * L * KVH * P * S >= 2 ** 31:
+        raise ValueError(f"KV pool of {L * KVH * P * S} rows per kind is too big for int32 "
+                         "scatter indices; use fewer pages per device")
+    slots = slots.reshape(-1, 1, T)                                          # [B, 1, T]
+    rows = jnp.arange(KVH, dtype=jnp.int32)[None, :, None] * (P * S) + slots  # [B, KVH, T]
+    rows = jnp.where(slots < P * S, rows, -(L * KVH * P * S) - 1)
+    return rows.reshape(-1, 1)
+
+
+def layer_index(cache: PagedKVCache, index: jax.Array, layer) -> jax.Array:
+    """:func:`write_index` ``index`` completed for one ``layer``: what :func:`write_layer`
+    scatters by. A scanned forward builds it for every layer before the loop."""
+    if _per_row():
+        return index + jnp.asarray(layer, jnp.int32) * _rows_per_layer(cache)
+    return jnp.concatenate([jnp.full(index.shape[:-1] + (1,), layer, jnp.int32), index], -1)
+
+
+def finite_or_zero(x: jax.Array) -> jax.Array:
+    """A NaN or inf key/value is stored as 0: attention weighs masked slots by exactly 0,
+    and 0 x NaN would still poison every query of the block (a rejected draft's NaN would
+    end the whole verify). The node itself keeps its non-finite hidden state, so its logits
+    still stop the row (jspec.decode.finite_rows)."""
+    return jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
 
 
 def write_layer(cache: PagedKVCache, layer: int, k: jax.Array, v: jax.Array,
                 valid: jax.Array | None = None, offset: jax.Array | int = 0,
-                index: jax.Array | None = None) -> PagedKVCache:
+                index: jax.Array | None = None, layer_idx: jax.Array | None = None,
+                guarded: bool = False) -> PagedKVCache:
     """Write ``k, v: [B, T, KVH, D]`` of one layer at positions ``lengths + offset + t``.
 
     ``valid: [B, T]`` masks positions that must not be written (ragged blocks).
     ``offset`` places a block further into the uncommitted region (a drafter's tree
     loop writes step s at ``s * K``). ``index``: :func:`write_index` of the same block,
-    computed once outside a layer loop (then ``valid`` and ``offset`` are not used).
+    computed once outside a layer loop (then ``valid`` and ``offset`` are not used);
+    ``layer_idx``: :func:`layer_index` of it for ``layer``, when built before the loop.
+    ``guarded``: the caller already applied :func:`finite_or_zero`.
     Does not change ``lengths``.
 
-    One ``lax.scatter`` per pool with the (layer, ...) indices built here from ``index``:
-    through ``.at[layer, ...]`` jnp re-derived them from scratch in every layer (negative
-    index wrapping, clamps), a dozen scalar kernels per layer of a scanned TPU stack.
+    One ``lax.scatter`` per pool. TPU/GPU: into the pool viewed as ``[L * KVH * P*S, D]``
+    rows, one contiguous ``[D]`` row per (row, head, position) (a (layer, ...) column
+    concatenated inside the layer body cost a TPU layer five scalar and index kernels).
+    CPU: one ``[KVH, D]`` window per (layer, slot) over ``[L, KVH, P*S, D]``.
     """
     B, T = k.shape[:2]
-    if index is None:
-        index = write_index(cache, T, valid, offset)
+    if layer_idx is None:
+        if index is None:
+            index = write_index(cache, T, valid, offset)
+        layer_idx = layer_index(cache, index, layer)
     shape = cache.k_pages.shape
-    lyr = jnp.full(index.shape[:-1] + (1,), layer, jnp.int32)
-    idx = jnp.concatenate([lyr, index], -1)
-    if _per_row():      # idx [KVH, B*T, 3] -> one [D] row each; updates [KVH, B*T, D]
-        dn = jax.lax.ScatterDimensionNumbers(update_window_dims=(2,),
-                                             inserted_window_dims=(0, 1, 2),
-                                             scatter_dims_to_operand_dims=(0, 1, 2))
-        arrange = lambda x: x.reshape(B * T, *x.shape[2:]).swapaxes(0, 1)
+    L, KVH, P, S, D = shape
+    if _per_row():      # idx [B*KVH*T, 1] -> one [D] row each; updates [B*KVH*T, D]
+        dn = jax.lax.ScatterDimensionNumbers(update_window_dims=(1,), inserted_window_dims=(0,),
+                                             scatter_dims_to_operand_dims=(0,))
+        view = lambda pages: pages.reshape(L * KVH * P * S, D)
+        arrange = lambda x: x.swapaxes(1, 2).reshape(B * KVH * T, D)
     else:               # idx [B*T, 2] -> one [KVH, D] window each; updates [B*T, KVH, D]
         dn = jax.lax.ScatterDimensionNumbers(update_window_dims=(1, 2),
                                              inserted_window_dims=(0, 2),
                                              scatter_dims_to_operand_dims=(0, 2))
+        view = _flat
         arrange = lambda x: x.reshape(B * T, *x.shape[2:])
 
     def put(pages, x):
-        # A NaN or inf key/value is stored as 0: attention weighs masked slots by exactly 0,
-        # and 0 x NaN would still poison every query of the block (a rejected draft's NaN
-        # would end the whole verify). The node itself keeps its non-finite hidden state, so
-        # its logits still stop the row (jspec.decode.finite_rows).
-        x = jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
-        flat = jax.lax.scatter(_flat(pages), idx, arrange(x).astype(pages.dtype), dn,
+        x = x if guarded else finite_or_zero(x)
+        flat = jax.lax.scatter(view(pages), layer_idx, arrange(x).astype(pages.dtype), dn,
                                mode=jax.lax.GatherScatterMode.FILL_OR_DROP)
         return flat.reshape(shape)
 

@@ -31,7 +31,8 @@ from jspec import kv_cache as kvc
 from jspec.attention import paged_attention_ref, windowed_attention_ref
 from jspec.attention import prepare as prepare_attention
 from jspec.config import LlamaConfig
-from jspec.rope import apply_rope, rope_inv_freq, rope_tables, rotate
+from jspec.rope import apply_rope, rope_inv_freq, rope_tables, rotate_fused
+from jspec.platform import target_platform
 from jspec.serving_layout import is_stacked, linear, pack_params, precision, precision_of
 
 AttentionFn = Callable[..., jax.Array]
@@ -208,9 +209,18 @@ class Llama(nn.Module):
         return self.logits(hidden), cache
 
 
-def rms_norm(x, scale, eps: float):
+def sum_square(x):
     xf = x.astype(jnp.float32)
-    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return jnp.sum(xf * xf, axis=-1, keepdims=True)
+
+
+def rms_norm(x, scale, eps: float, ss=None):
+    """``ss``: :func:`sum_square` of ``x`` when the caller has it (a scanned stack computes
+    the next layer's in the kernel of the residual add that makes ``x``). Sum, then divide,
+    as ``jnp.mean``: the same values either way."""
+    xf = x.astype(jnp.float32)
+    ss = sum_square(x) if ss is None else ss
+    xf = xf * jax.lax.rsqrt(ss / jnp.float32(x.shape[-1]) + eps)
     return scale * xf.astype(x.dtype)
 
 
@@ -229,26 +239,46 @@ class Shared:
 def shared_inputs(cfg: LlamaConfig, positions, cache, block_mask, valid,
                   attention_fn: AttentionFn) -> Shared:
     B, T = positions.shape
-    cos, sin = rope_tables(positions, rope_inv_freq(cfg.rope, cfg.head_dim))
+    cos, sin = rope_tables(positions, rope_inv_freq(cfg.rope, cfg.head_dim))   # [B, T, 1, D]
+    # One table row per slot of a KV head's fused [G + 2] q/k/v block, the value's slot the
+    # identity (cos 1, sin 0), so a layer rotates its whole projection output in one
+    # elementwise pass instead of slicing q and k out first (which cost XLA:TPU a relayout
+    # and a kernel per slice).
+    G = cfg.num_heads // cfg.num_kv_heads
+    is_v = (jnp.arange(G + 2) == G + 1)[None, None, None, :, None]
+    cos = jnp.where(is_v, 1.0, cos[:, :, :, None])
+    sin = jnp.where(is_v, 0.0, sin[:, :, :, None])
     q = jax.ShapeDtypeStruct((B, T, cfg.num_heads, cfg.head_dim), jnp.dtype(cfg.dtype))
-    return Shared(cos, sin, kvc.write_index(cache, T, valid),
-                  prepare_attention(attention_fn, cache, block_mask, q))
+    # Materialised once, before the layer loop: XLA sinks cheap producers (the tables'
+    # selects, the write index, the kernels' flattened page table) into a scanned body and
+    # redoes them in every layer.
+    return jax.lax.optimization_barrier(Shared(cos, sin, kvc.write_index(cache, T, valid),
+                                               prepare_attention(attention_fn, cache,
+                                                                 block_mask, q)))
 
 
 def decoder_layer(cfg: LlamaConfig, lp, x, shared: Shared, cache, layer,
-                  attention_fn: AttentionFn):
-    """One layer over packed parameters ``lp`` (one slice of ``packed["layers"]``)."""
+                  attention_fn: AttentionFn, layer_idx=None, ss=None):
+    """One layer over packed parameters ``lp`` (one slice of ``packed["layers"]``);
+    ``layer_idx``: this layer's KV write index (:func:`jspec.kv_cache.layer_index`)."""
+    if layer_idx is None:
+        layer_idx = kvc.layer_index(cache, shared.write_index, layer)
     c = cfg
     B, T, _ = x.shape
     KVH, D = c.num_kv_heads, c.head_dim
     G = c.num_heads // KVH
     prec = precision(c)
     dt = jnp.dtype(c.dtype)
-    h = rms_norm(x, lp["ln1"], c.rms_norm_eps).astype(dt)
+    h = rms_norm(x, lp["ln1"], c.rms_norm_eps, ss).astype(dt)
     qkv = linear(h, lp["qkv"].astype(dt), prec)                          # [B, T, KVH, G+2, D]
-    q = rotate(qkv[:, :, :, :G].reshape(B, T, KVH * G, D), shared.cos, shared.sin)
-    k = rotate(qkv[:, :, :, G], shared.cos, shared.sin)
-    cache = kvc.write_layer(cache, layer, k, qkv[:, :, :, G + 1], index=shared.write_index)
+    # One rotation of the whole block (the value slot passes through), then one guard: XLA
+    # fuses both into the projection's consumers. The guard zeroes a non-finite query too
+    # (one elementwise pass over the block); plain decoding runs this same forward, so
+    # speculative and plain outputs still agree wherever a row meets non-finite values.
+    qkv = kvc.finite_or_zero(rotate_fused(qkv, shared.cos, shared.sin))
+    q = qkv[:, :, :, :G].reshape(B, T, KVH * G, D)
+    cache = kvc.write_layer(cache, layer, qkv[:, :, :, G], qkv[:, :, :, G + 1],
+                            layer_idx=layer_idx, guarded=True)
     o = attention_fn(q, cache, layer, shared.block)
     x = x + linear(o.reshape(B, T, -1).astype(dt), lp["o"].astype(dt), prec)
     h = rms_norm(x, lp["ln2"], c.rms_norm_eps).astype(dt)
@@ -281,23 +311,36 @@ def forward(cfg: LlamaConfig, packed, tokens, positions, cache, block_mask=None,
             x, cache = decoder_layer(c, lp, x, shared, cache, i, attention_fn)
         aux = tuple(aux[i] for i in aux_layers)
     else:
-        take_aux = np.zeros((L, max(A, 1)), bool)   # [i, j]: aux slot j reads layer i's input
-        for j, i in enumerate(aux_layers):
-            take_aux[i, j] = True
+        # Layer i's input goes to aux slot slot_of[i]; layers no aux reads write slot A, a
+        # spare one: one in-place dynamic-update-slice per layer (a select over the whole
+        # [A, B, T, H] buffer cost a layer body four kernels, XLA's async copies included).
+        # A layer named twice in aux_layers fills its first slot, which both entries read.
+        first = {i: aux_layers.index(i) for i in aux_layers}
+        slot_of = np.full((L,), A, np.int32)
+        slot_of[list(first)] = list(first.values())
+        slot_of = jnp.asarray(slot_of)
+        # Every layer's KV write index, built before the loop (the body only slices it).
+        idx = jax.lax.optimization_barrier(jax.vmap(
+            lambda i: kvc.layer_index(cache, shared.write_index, i))(jnp.arange(L, dtype=jnp.int32)))
+        lps = packed["layers"]
+        # On TPU/GPU the next layer's norm statistic is reduced in the kernel that adds the
+        # residual (one kernel less per layer); XLA:CPU does not fuse it there (two more).
+        carry_ss = target_platform() != "cpu"
+        next_ss = sum_square if carry_ss else (lambda x: None)
 
-        def body(carry, xs):
-            x, cache, aux = carry
-            lp, i, take = xs
-            if A:   # a select into a small [A, B, T, H] buffer: no per-layer branching
-                aux = jnp.where(take[:, None, None, None], x[None], aux)
-            x, cache = decoder_layer(c, lp, x, shared, cache, i, attention_fn)
-            return (x, cache, aux), None
+        def body(i, carry):
+            x, ss, cache, aux = carry
+            at = lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
+            if A:
+                aux = jax.lax.dynamic_update_slice(aux, x[None], (at(slot_of), 0, 0, 0),
+                                                   allow_negative_indices=False)
+            x, cache = decoder_layer(c, jax.tree.map(at, lps), x, shared, cache, i, attention_fn,
+                                     at(idx), ss)
+            return x, next_ss(x), cache, aux
 
-        aux0 = jnp.zeros((A,) + x.shape, x.dtype)
-        (x, cache, aux), _ = jax.lax.scan(
-            body, (x, cache, aux0), (packed["layers"], jnp.arange(L, dtype=jnp.int32),
-                                     jnp.asarray(take_aux)))
-        aux = tuple(aux[j] for j in range(A))
+        aux0 = jnp.zeros((A + 1 if A else 0,) + x.shape, x.dtype)
+        x, _, cache, aux = jax.lax.fori_loop(0, L, body, (x, next_ss(x), cache, aux0))
+        aux = tuple(aux[first[i]] for i in aux_layers)
     return rms_norm(x, packed["norm"], c.rms_norm_eps), aux, cache
 
 

@@ -48,6 +48,34 @@ def rotate(x: jax.Array, cos: jax.Array, signed_sin: jax.Array) -> jax.Array:
     return (xf * cos + jnp.roll(xf, x.shape[-1] // 2, axis=-1) * signed_sin).astype(x.dtype)
 
 
+def roll_matrix(head_dim: int, dtype) -> jax.Array:
+    """``[D, D]`` permutation with ``x @ R == roll(x, D // 2)``: one product instead of
+    the slices and concatenation XLA makes of a roll along the lane axis."""
+    return jnp.asarray(np.roll(np.eye(head_dim, dtype=np.float32), head_dim // 2, axis=1), dtype)
+
+
+def rotate_by_product(x: jax.Array, cos: jax.Array, signed_sin: jax.Array) -> jax.Array:
+    """:func:`rotate` with the roll done as ``x @ R`` (:func:`roll_matrix`): every output is
+    one input times 1 summed with zeros, in fp32, so finite values match :func:`rotate` bit
+    for bit (a non-finite element spreads over its head, which is non-finite already).
+
+    On TPU the product is one small MXU kernel that XLA fuses with the projection's
+    epilogue; a roll along the lane axis was slices, a concatenation and relayouts, about
+    eight kernels per layer (deviceless compile, 8B shape). On CPU a dot is never fused,
+    so :func:`rotate_fused` keeps the roll there."""
+    R = roll_matrix(x.shape[-1], x.dtype)
+    rolled = jnp.einsum("...d,de->...e", x, R, preferred_element_type=jnp.float32,
+                        precision=jax.lax.Precision.HIGHEST)
+    return (x.astype(jnp.float32) * cos + rolled * signed_sin).astype(x.dtype)
+
+
+def rotate_fused(x: jax.Array, cos: jax.Array, signed_sin: jax.Array) -> jax.Array:
+    """The target's rotation: :func:`rotate_by_product` on accelerators, :func:`rotate` on
+    CPU (the same values)."""
+    from jspec.platform import target_platform
+    return (rotate if target_platform() == "cpu" else rotate_by_product)(x, cos, signed_sin)
+
+
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
     """Rotate-half RoPE. ``x: [B, T, H, D]``, ``positions: [B, T]``."""
     return rotate(x, *rope_tables(positions, inv_freq))

@@ -111,12 +111,13 @@ def _shape_key(shape: str) -> tuple[str, tuple[int, ...]] | None:
 
 def pool_key(x) -> list[tuple[str, tuple[int, ...]]]:
     """The views of a KV pool ``[L, KVH, P, page_size, D]`` that XLA works on: the pool
-    itself, ``[L, KVH, P*page_size, D]`` (slots flattened), ``[L*KVH, P, page_size, D]`` and
-    fully flat. Only whole pools match: a one-layer slice of a deeper pool, or a gather of
+    itself, ``[L, KVH, P*page_size, D]`` (slots flattened), ``[L*KVH, P, page_size, D]``,
+    ``[L*KVH*P*page_size, D]`` (rows: the accelerators' KV write) and fully flat. Only whole pools match: a one-layer slice of a deeper pool, or a gather of
     some rows' pages, has other dims even when its element count equals a 1-layer pool's."""
     t = _HLO_TYPES[np.dtype(x.dtype).name]
     L, H, P, ps, D = x.shape
-    views = {(L, H, P, ps, D), (L, H, P * ps, D), (L * H, P, ps, D), (L * H * P * ps * D,)}
+    views = {(L, H, P, ps, D), (L, H, P * ps, D), (L * H, P, ps, D), (L * H * P * ps, D),
+             (L * H * P * ps * D,)}
     return [(t, v) for v in views]
 
 

@@ -87,7 +87,7 @@ def tree_attention_gpu(q, k_pages, v_pages, page_table, lengths, mask_bits, laye
     L, KVH, P, ps, _ = k_pages.shape
     G = H // KVH
     ppb, R, Rb = blocks.pages_per_block, blocks.rows, blocks.row_block or blocks.rows
-    qg, (pt, words) = layout.kernel_operands(q, k_pages, page_table, mask_bits, blocks, prepared)
+    qg, (pt, words, _) = layout.kernel_operands(q, k_pages, page_table, mask_bits, blocks, prepared)
     M = pt.shape[1]
     lo, hi = words[..., 0], words[..., 1]
     chunks = blocks.page_chunks

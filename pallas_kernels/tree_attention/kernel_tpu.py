@@ -10,12 +10,12 @@ block is ``pages_per_block`` pages: the K (and V) operand is passed
 ``pages_per_block`` times, operand ``j`` of step ``i`` being page ``i * ppb + j``;
 the pages are concatenated along the (sublane-aligned) key axis in VMEM.
 
-Per ``(b, kvh)`` the ``N * G`` query rows (node-major, padded to the sublane tile)
+Per ``(b, kvh)`` the ``N * G`` query rows (head-major, padded to the sublane tile)
 stay resident (in blocks of ``row_block`` rows when all of them would not fit VMEM, see
 ``block_sizes``); the online-softmax state ``m, l`` (lane-replicated ``[rows, 128]``)
 and the fp32 accumulator live in VMEM scratch. Key positions ``p < lengths[b]`` are
 visible with no mask (length bound only); positions ``lengths[b] + j`` for
-``j < N`` (the tree nodes, which may straddle pages) are visible to row ``n*G+g``
+``j < N`` (the tree nodes, which may straddle pages) are visible to row ``g*N+n``
 iff bit ``j`` of node ``n``'s packed mask words, decoded in-kernel with a shift;
 everything at or past ``lengths[b] + N`` is masked. Steps wholly past
 ``lengths[b] + N`` skip compute, and their index map repeats the last needed page,
@@ -101,7 +101,8 @@ def tree_attention_tpu(q, k_pages, v_pages, page_table, lengths, mask_bits, laye
     L, KVH, P, ps, _ = k_pages.shape
     G = H // KVH
     ppb, R, Rb = blocks.pages_per_block, blocks.rows, blocks.row_block or blocks.rows
-    qg, (pt, words) = layout.kernel_operands(q, k_pages, page_table, mask_bits, blocks, prepared)
+    qg, (pt, words, flat_table) = layout.kernel_operands(q, k_pages, page_table, mask_bits,
+                                                         blocks, prepared, pad_rows=False)
     M = pt.shape[1]                                                      # M % ppb == 0
     num_blocks = M // ppb
 
@@ -130,10 +131,10 @@ def tree_attention_tpu(q, k_pages, v_pages, page_table, lengths, mask_bits, laye
                             pltpu.VMEM((Rb, D), jnp.float32)]),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
-        out_shape=jax.ShapeDtypeStruct((B, KVH, R, D), q.dtype),
+        out_shape=jax.ShapeDtypeStruct((B, KVH, N * G, D), q.dtype),
         interpret=interpret,
         name=f"tree_attention_tpu_N{N}_G{G}_ppb{ppb}",
-    )(lengths.astype(jnp.int32), pt.reshape(-1), jnp.reshape(layer, (1,)).astype(jnp.int32),
+    )(lengths.astype(jnp.int32), flat_table, jnp.reshape(layer, (1,)).astype(jnp.int32),
       qg, words,
       *([k_pages] * ppb), *([v_pages] * ppb))
     return layout.ungroup_output(out, N, H)

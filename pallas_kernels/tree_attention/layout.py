@@ -38,12 +38,16 @@ def unpack_words32(mask_bits: jax.Array, n: int) -> jax.Array:
     return (jnp.right_shift(word, j & (WORD_BITS - 1)) & 1).astype(bool)
 
 
+# Rows are head-major: row ``g * N + n`` is node ``n`` of query head ``kvh * G + g``. A fused
+# q/k/v projection comes out laid out [B, KVH, G + 2, N, D] on TPU (XLA's choice for the
+# [KVH, G + 2, D, H] weight), so its query slice already is the kernels' [B, KVH, G * N, D]
+# and grouping it costs no transpose (node-major rows cost a relayout copy per layer).
 def group_queries(q: jax.Array, num_kv_heads: int, rows: int) -> jax.Array:
-    """``[B, N, H, D]`` -> ``[B, KVH, rows, D]``: row ``n * G + g`` is node ``n``, head
+    """``[B, N, H, D]`` -> ``[B, KVH, rows, D]``: row ``g * N + n`` is node ``n``, head
     ``kvh * G + g``; padded with zero rows up to ``rows``."""
     B, N, H, D = q.shape
     G = H // num_kv_heads
-    qg = q.reshape(B, N, num_kv_heads, G, D).transpose(0, 2, 1, 3, 4).reshape(B, num_kv_heads, N * G, D)
+    qg = q.reshape(B, N, num_kv_heads, G, D).transpose(0, 2, 3, 1, 4).reshape(B, num_kv_heads, G * N, D)
     return jnp.pad(qg, ((0, 0), (0, 0), (0, rows - N * G), (0, 0)))
 
 
@@ -51,13 +55,13 @@ def ungroup_output(o: jax.Array, n: int, num_heads: int) -> jax.Array:
     """Inverse of :func:`group_queries`: ``[B, KVH, rows, D]`` -> ``[B, N, H, D]``."""
     B, KVH, _, D = o.shape
     G = num_heads // KVH
-    return o[:, :, : n * G].reshape(B, KVH, n, G, D).transpose(0, 2, 1, 3, 4).reshape(B, n, num_heads, D)
+    return o[:, :, : n * G].reshape(B, KVH, G, n, D).transpose(0, 3, 1, 2, 4).reshape(B, n, num_heads, D)
 
 
 def row_words(mask_bits: jax.Array, num_groups: int, rows: int) -> jax.Array:
-    """Mask words per query row: ``[B, rows, 2]`` int32 (row ``n * G + g`` -> node ``n``;
+    """Mask words per query row: ``[B, rows, 2]`` int32 (row ``g * N + n`` -> node ``n``;
     padding rows get no tree bits)."""
-    w = jnp.repeat(mask_words32(mask_bits), num_groups, axis=1)
+    w = jnp.tile(mask_words32(mask_bits), (1, num_groups, 1))
     return jnp.pad(w, ((0, 0), (0, rows - w.shape[1]), (0, 0)))
 
 
@@ -76,22 +80,29 @@ class RowInputs(NamedTuple):
     per-row mask words ``[B, R, 2]``. A model's forward builds them once
     (:func:`pallas_kernels.tree_attention.dispatch.row_inputs`) and passes them to every
     layer's call; inside a scanned layer stack XLA would otherwise rebuild them in each
-    layer's body (it does not hoist pads out of a loop)."""
+    layer's body (it does not hoist pads out of a loop). ``flat_table`` is the table as
+    the TPU kernel's scalar prefetch reads it, ``[B * M]``: flattening it is a relayout on
+    TPU, which in the layer body would be one more kernel per layer."""
     page_table: jax.Array
     words: jax.Array
+    flat_table: jax.Array
 
 
 def row_inputs(page_table, mask_bits, num_pages: int, num_groups: int, blocks) -> RowInputs:
-    return RowInputs(prepare_page_table(page_table, num_pages, blocks.pages_per_block),
-                     row_words(mask_bits, num_groups, blocks.rows))
+    pt = prepare_page_table(page_table, num_pages, blocks.pages_per_block)
+    return RowInputs(pt, row_words(mask_bits, num_groups, blocks.rows), pt.reshape(-1))
 
 
 def kernel_operands(q, k_pages, page_table, mask_bits, blocks,
-                    prepared: RowInputs | None = None) -> tuple[jax.Array, RowInputs]:
+                    prepared: RowInputs | None = None,
+                    pad_rows: bool = True) -> tuple[jax.Array, RowInputs]:
     """What both kernels start from: the grouped queries ``[B, KVH, R, D]`` and the row
-    inputs (``prepared`` when the forward built them once, else built here)."""
+    inputs (``prepared`` when the forward built them once, else built here).
+    ``pad_rows=False``: the queries keep their ``N * G`` rows (the last row block then
+    overhangs them, which the TPU pipeline pads on read and drops on write; a padded copy
+    and the slice after it were two kernels per layer)."""
     _, _, H, _ = q.shape
     _, KVH, P, _, _ = k_pages.shape
     if prepared is None:
         prepared = row_inputs(page_table, mask_bits, P, H // KVH, blocks)
-    return group_queries(q, KVH, blocks.rows), prepared
+    return group_queries(q, KVH, blocks.rows if pad_rows else H // KVH * q.shape[1]), prepared
