@@ -31,7 +31,7 @@ from jspec import kv_cache as kvc
 from jspec.attention import paged_attention_ref, windowed_attention_ref
 from jspec.attention import prepare as prepare_attention
 from jspec.config import LlamaConfig
-from jspec.rope import apply_rope, rope_inv_freq, rope_tables, rotate_fused
+from jspec.rope import apply_rope, rope_inv_freq, rope_tables, rotate, rotate_by_product
 from jspec.platform import target_platform
 from jspec.serving_layout import is_stacked, linear, pack_params, precision, precision_of
 
@@ -236,18 +236,24 @@ class Shared:
     block: object
 
 
+def _rotates_whole_block() -> bool:
+    # TPU/GPU: one rotation over a KV head's whole fused [G + 2] q/k/v block (the value's
+    # slot the identity), the roll done as a product (rope.rotate_by_product), then one
+    # guard: XLA fuses them into one kernel after the projection, where slicing q and k out
+    # first and rolling each cost a TPU layer about eight kernels. XLA:CPU does better with
+    # q and k rotated apart (the block's roll was one more kernel per layer there).
+    return target_platform() != "cpu"
+
+
 def shared_inputs(cfg: LlamaConfig, positions, cache, block_mask, valid,
                   attention_fn: AttentionFn) -> Shared:
     B, T = positions.shape
     cos, sin = rope_tables(positions, rope_inv_freq(cfg.rope, cfg.head_dim))   # [B, T, 1, D]
-    # One table row per slot of a KV head's fused [G + 2] q/k/v block, the value's slot the
-    # identity (cos 1, sin 0), so a layer rotates its whole projection output in one
-    # elementwise pass instead of slicing q and k out first (which cost XLA:TPU a relayout
-    # and a kernel per slice).
-    G = cfg.num_heads // cfg.num_kv_heads
-    is_v = (jnp.arange(G + 2) == G + 1)[None, None, None, :, None]
-    cos = jnp.where(is_v, 1.0, cos[:, :, :, None])
-    sin = jnp.where(is_v, 0.0, sin[:, :, :, None])
+    if _rotates_whole_block():      # one row per slot of the [G + 2] block: [B, T, 1, G+2, D]
+        G = cfg.num_heads // cfg.num_kv_heads
+        is_v = (jnp.arange(G + 2) == G + 1)[None, None, None, :, None]
+        cos = jnp.where(is_v, 1.0, cos[:, :, :, None])
+        sin = jnp.where(is_v, 0.0, sin[:, :, :, None])
     q = jax.ShapeDtypeStruct((B, T, cfg.num_heads, cfg.head_dim), jnp.dtype(cfg.dtype))
     # Materialised once, before the layer loop: XLA sinks cheap producers (the tables'
     # selects, the write index, the kernels' flattened page table) into a scanned body and
@@ -257,28 +263,35 @@ def shared_inputs(cfg: LlamaConfig, positions, cache, block_mask, valid,
                                                                  block_mask, q)))
 
 
+def _rotated_qkv(cfg: LlamaConfig, qkv, shared: Shared):
+    """``(q [B, T, H, D], k, v [B, T, KVH, D], guarded)`` from the projection's
+    ``[B, T, KVH, G + 2, D]`` (see :func:`_rotates_whole_block`). The accelerators' guard
+    zeroes a non-finite query as well as the key and value; plain decoding runs this same
+    forward, so speculative and plain outputs still agree wherever a row meets one."""
+    B, T, KVH, _, D = qkv.shape
+    G = cfg.num_heads // KVH
+    if _rotates_whole_block():
+        qkv = kvc.finite_or_zero(rotate_by_product(qkv, shared.cos, shared.sin))
+        return qkv[:, :, :, :G].reshape(B, T, KVH * G, D), qkv[:, :, :, G], qkv[:, :, :, G + 1], True
+    q = rotate(qkv[:, :, :, :G].reshape(B, T, KVH * G, D), shared.cos, shared.sin)
+    return q, rotate(qkv[:, :, :, G], shared.cos, shared.sin), qkv[:, :, :, G + 1], False
+
+
 def decoder_layer(cfg: LlamaConfig, lp, x, shared: Shared, cache, layer,
                   attention_fn: AttentionFn, layer_idx=None, ss=None):
     """One layer over packed parameters ``lp`` (one slice of ``packed["layers"]``);
-    ``layer_idx``: this layer's KV write index (:func:`jspec.kv_cache.layer_index`)."""
+    ``layer_idx``: this layer's KV write index (:func:`jspec.kv_cache.layer_index`);
+    ``ss``: :func:`sum_square` of ``x``, when the previous layer computed it."""
     if layer_idx is None:
         layer_idx = kvc.layer_index(cache, shared.write_index, layer)
     c = cfg
     B, T, _ = x.shape
-    KVH, D = c.num_kv_heads, c.head_dim
-    G = c.num_heads // KVH
     prec = precision(c)
     dt = jnp.dtype(c.dtype)
     h = rms_norm(x, lp["ln1"], c.rms_norm_eps, ss).astype(dt)
     qkv = linear(h, lp["qkv"].astype(dt), prec)                          # [B, T, KVH, G+2, D]
-    # One rotation of the whole block (the value slot passes through), then one guard: XLA
-    # fuses both into the projection's consumers. The guard zeroes a non-finite query too
-    # (one elementwise pass over the block); plain decoding runs this same forward, so
-    # speculative and plain outputs still agree wherever a row meets non-finite values.
-    qkv = kvc.finite_or_zero(rotate_fused(qkv, shared.cos, shared.sin))
-    q = qkv[:, :, :, :G].reshape(B, T, KVH * G, D)
-    cache = kvc.write_layer(cache, layer, qkv[:, :, :, G], qkv[:, :, :, G + 1],
-                            layer_idx=layer_idx, guarded=True)
+    q, k, v, guarded = _rotated_qkv(c, qkv, shared)
+    cache = kvc.write_layer(cache, layer, k, v, layer_idx=layer_idx, guarded=guarded)
     o = attention_fn(q, cache, layer, shared.block)
     x = x + linear(o.reshape(B, T, -1).astype(dt), lp["o"].astype(dt), prec)
     h = rms_norm(x, lp["ln2"], c.rms_norm_eps).astype(dt)
@@ -325,8 +338,7 @@ def forward(cfg: LlamaConfig, packed, tokens, positions, cache, block_mask=None,
         lps = packed["layers"]
         # On TPU/GPU the next layer's norm statistic is reduced in the kernel that adds the
         # residual (one kernel less per layer); XLA:CPU does not fuse it there (two more).
-        carry_ss = target_platform() != "cpu"
-        next_ss = sum_square if carry_ss else (lambda x: None)
+        next_ss = sum_square if target_platform() != "cpu" else (lambda x: None)
 
         def body(i, carry):
             x, ss, cache, aux = carry

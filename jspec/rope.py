@@ -61,19 +61,12 @@ def rotate_by_product(x: jax.Array, cos: jax.Array, signed_sin: jax.Array) -> ja
 
     On TPU the product is one small MXU kernel that XLA fuses with the projection's
     epilogue; a roll along the lane axis was slices, a concatenation and relayouts, about
-    eight kernels per layer (deviceless compile, 8B shape). On CPU a dot is never fused,
-    so :func:`rotate_fused` keeps the roll there."""
+    eight kernels per layer (deviceless compile, 8B shape). XLA:CPU never fuses a dot, so
+    the target rotates by :func:`rotate` there (:func:`jspec.llama.shared_inputs`)."""
     R = roll_matrix(x.shape[-1], x.dtype)
     rolled = jnp.einsum("...d,de->...e", x, R, preferred_element_type=jnp.float32,
                         precision=jax.lax.Precision.HIGHEST)
     return (x.astype(jnp.float32) * cos + rolled * signed_sin).astype(x.dtype)
-
-
-def rotate_fused(x: jax.Array, cos: jax.Array, signed_sin: jax.Array) -> jax.Array:
-    """The target's rotation: :func:`rotate_by_product` on accelerators, :func:`rotate` on
-    CPU (the same values)."""
-    from jspec.platform import target_platform
-    return (rotate if target_platform() == "cpu" else rotate_by_product)(x, cos, signed_sin)
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
