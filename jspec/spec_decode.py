@@ -57,6 +57,18 @@ class SpecState:
     row_keys: Key["B"]
 
 
+def verify_padding(batch: int, nodes: int) -> int:
+    """Dummy tokens appended to a verify block on TPU/GPU so that ``nodes`` is a multiple of 8
+    when ``batch > 1``: with, say, 8 rows of 5 nodes, XLA:TPU lays the [B * N] projection
+    rows out batch-minor and relays every layer's q, k, v and attention output (13 more
+    kernels in an 8B layer). The dummies are never written to the KV cache, no real node sees
+    them, and their outputs are dropped. CPU: none (there t_V grows with the rows)."""
+    from jspec.platform import target_platform
+    if target_platform() == "cpu" or batch == 1:
+        return 0
+    return -nodes % 8
+
+
 @dataclasses.dataclass(frozen=True)
 class SpecDecoder:
     config: LlamaConfig
@@ -117,9 +129,19 @@ class SpecDecoder:
     def verify(self, params, cache, tree):
         pos = cache.lengths[:, None] + tree.depths
         params = pack_params(self.config, params)
-        hidden, aux, cache = forward(self.config, params, tree.tokens, pos, cache,
-                                     block_mask=tree.mask(), aux_layers=self.aux_layers,
+        tokens, mask, valid = tree.tokens, tree.mask(), None
+        B, N = tokens.shape
+        pad = verify_padding(B, N)
+        if pad:
+            tokens, pos = (jnp.pad(a, ((0, 0), (0, pad)), mode="edge") for a in (tokens, pos))
+            eye = jnp.eye(N + pad, dtype=bool)[None]
+            mask = jnp.pad(mask, ((0, 0), (0, pad), (0, pad))) | (eye & ~jnp.pad(
+                jnp.ones((1, N, N), bool), ((0, 0), (0, pad), (0, pad))))
+            valid = jnp.broadcast_to(jnp.arange(N + pad) < N, (B, N + pad))
+        hidden, aux, cache = forward(self.config, params, tokens, pos, cache,
+                                     block_mask=mask, valid=valid, aux_layers=self.aux_layers,
                                      attention_fn=kernels.attention_fn(self.kernels))
+        hidden, aux = hidden[:, :N], tuple(a[:, :N] for a in aux)
         logits = lm_logits(self.config, params, hidden)
         return logits, self.drafter.features(hidden, aux, tree.tokens), cache
 

@@ -97,7 +97,9 @@ def test_verify_logits_equal_path_alone_and_commit_equals_plain(stories, S, K, N
     # the mask), each at the slot and position it has in the tree. Same slots means the
     # same fp32 summation order, so this is a tight check that nothing else leaks in. The
     # two programs still fuse the KV write's finite guard (kv_cache.write_layer) with RoPE
-    # differently, which moved (5, 4, 8)'s logits by up to 1.9e-5: hence 3e-5.
+    # differently, which moved (5, 4, 8)'s logits by up to 1.9e-5; with the layer loop a
+    # fori_loop over inputs built before it (9a896b9) XLA:CPU fuses them differently again,
+    # 3.3e-5 seen at (6, 8, 32): hence 5e-5 (a node that saw a wrong key moves them by ~1e-2).
     @jax.jit
     def path_alone(cache, node):
         rows = jnp.arange(B)
@@ -111,7 +113,7 @@ def test_verify_logits_equal_path_alone_and_commit_equals_plain(stories, S, K, N
     logits = np.asarray(logits)
     for i in range(N):
         ref = np.asarray(path_alone(cache, jnp.full((B,), i)))
-        np.testing.assert_allclose(logits[:, i], ref, atol=3e-5, rtol=0)
+        np.testing.assert_allclose(logits[:, i], ref, atol=5e-5, rtol=0)
         MAX_DIFF[(S, K, N)] = max(MAX_DIFF.get((S, K, N), 0.0), float(np.abs(logits[:, i] - ref).max()))
 
     # And against fully independent runs (a fresh prefill of prefix + path per node, path
