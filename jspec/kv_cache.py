@@ -171,36 +171,28 @@ def _per_row() -> bool:
     return target_platform() != "cpu"
 
 
-def _rows_per_layer(cache: PagedKVCache) -> int:
-    _, KVH, P, S, _ = cache.k_pages.shape
-    return KVH * P * S
-
-
 def write_index(cache: PagedKVCache, T: int, valid: jax.Array | None = None,
                 offset: jax.Array | int = 0) -> jax.Array:
     """The layer-independent part of a block's KV scatter indices (see :func:`write_layer`),
     which a forward computes once, outside its layer loop: ``[B*T, 1]`` slots on CPU;
-    on TPU/GPU ``[B*KVH*T, 1]`` rows of one layer's ``[KVH * P*S, D]`` view, ordered (row,
-    head, position) as a projection's output is laid out there (so the updates need no
-    transpose), a dropped position negative enough to stay out of range in every layer."""
+    on TPU/GPU ``[B, KVH, T, 2]`` (head, slot) pairs: (row, head, position) is how a
+    projection's output is laid out there, so the updates need no transpose, and the head
+    axis stays its own dimension, which a mesh shards (flattened with the others, it made
+    the partitioner replicate every layer's updates: 420 MB more temporaries per device for
+    an 8B prefill on a (2, 4) mesh)."""
     slots = write_slots(cache, T, valid, offset)
     if not _per_row():
         return slots[:, None]
-    L, KVH, P, S, _ = cache.k_pages.shape
-    if 2 * L * KVH * P * S >= 2 ** 31:
-        raise ValueError(f"KV pool of {L * KVH * P * S} rows per kind is too big for int32 "
-                         "scatter indices; use fewer pages per device")
-    slots = slots.reshape(-1, 1, T)                                          # [B, 1, T]
-    rows = jnp.arange(KVH, dtype=jnp.int32)[None, :, None] * (P * S) + slots  # [B, KVH, T]
-    rows = jnp.where(slots < P * S, rows, -(L * KVH * P * S) - 1)
-    return rows.reshape(-1, 1)
+    B, KVH = cache.lengths.shape[0], cache.k_pages.shape[1]
+    slots = jnp.broadcast_to(slots.reshape(B, 1, T), (B, KVH, T))
+    heads = jnp.broadcast_to(jnp.arange(KVH, dtype=jnp.int32)[None, :, None], (B, KVH, T))
+    return jnp.stack([heads, slots], -1)
 
 
 def layer_index(cache: PagedKVCache, index: jax.Array, layer) -> jax.Array:
-    """:func:`write_index` ``index`` completed for one ``layer``: what :func:`write_layer`
-    scatters by. A scanned forward builds it for every layer before the loop."""
-    if _per_row():
-        return index + jnp.asarray(layer, jnp.int32) * _rows_per_layer(cache)
+    """:func:`write_index` ``index`` with the ``layer`` column in front: what
+    :func:`write_layer` scatters by. A scanned forward builds it for every layer before its
+    loop (built in the loop body, the column cost a TPU layer five scalar and index kernels)."""
     return jnp.concatenate([jnp.full(index.shape[:-1] + (1,), layer, jnp.int32), index], -1)
 
 
@@ -226,10 +218,10 @@ def write_layer(cache: PagedKVCache, layer: int, k: jax.Array, v: jax.Array,
     ``guarded``: the caller already applied :func:`finite_or_zero`.
     Does not change ``lengths``.
 
-    One ``lax.scatter`` per pool. TPU/GPU: into the pool viewed as ``[L * KVH * P*S, D]``
-    rows, one contiguous ``[D]`` row per (row, head, position) (a (layer, ...) column
-    concatenated inside the layer body cost a TPU layer five scalar and index kernels).
-    CPU: one ``[KVH, D]`` window per (layer, slot) over ``[L, KVH, P*S, D]``.
+    One ``lax.scatter`` per pool, over ``[L, KVH, P*S, D]``. TPU/GPU: one contiguous ``[D]``
+    row per (layer, head, slot); the KV-head axis stays its own dimension, which a mesh
+    shards (a view merging it with the others made the partitioner all-gather the whole
+    pool in every layer). CPU: one ``[KVH, D]`` window per (layer, slot).
     """
     B, T = k.shape[:2]
     if layer_idx is None:
@@ -238,21 +230,20 @@ def write_layer(cache: PagedKVCache, layer: int, k: jax.Array, v: jax.Array,
         layer_idx = layer_index(cache, index, layer)
     shape = cache.k_pages.shape
     L, KVH, P, S, D = shape
-    if _per_row():      # idx [B*KVH*T, 1] -> one [D] row each; updates [B*KVH*T, D]
-        dn = jax.lax.ScatterDimensionNumbers(update_window_dims=(1,), inserted_window_dims=(0,),
-                                             scatter_dims_to_operand_dims=(0,))
-        view = lambda pages: pages.reshape(L * KVH * P * S, D)
-        arrange = lambda x: x.swapaxes(1, 2).reshape(B * KVH * T, D)
+    if _per_row():      # idx [B, KVH, T, 3] -> one [D] row each; updates [B, KVH, T, D]
+        dn = jax.lax.ScatterDimensionNumbers(update_window_dims=(3,),
+                                             inserted_window_dims=(0, 1, 2),
+                                             scatter_dims_to_operand_dims=(0, 1, 2))
+        arrange = lambda x: x.swapaxes(1, 2)
     else:               # idx [B*T, 2] -> one [KVH, D] window each; updates [B*T, KVH, D]
         dn = jax.lax.ScatterDimensionNumbers(update_window_dims=(1, 2),
                                              inserted_window_dims=(0, 2),
                                              scatter_dims_to_operand_dims=(0, 2))
-        view = _flat
         arrange = lambda x: x.reshape(B * T, *x.shape[2:])
 
     def put(pages, x):
         x = x if guarded else finite_or_zero(x)
-        flat = jax.lax.scatter(view(pages), layer_idx, arrange(x).astype(pages.dtype), dn,
+        flat = jax.lax.scatter(_flat(pages), layer_idx, arrange(x).astype(pages.dtype), dn,
                                mode=jax.lax.GatherScatterMode.FILL_OR_DROP)
         return flat.reshape(shape)
 

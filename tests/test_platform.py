@@ -74,10 +74,10 @@ def test_tpu_decode_and_commit_do_not_copy_the_kv_pool():
 # an index built before the loop, head-major kernel rows without padding, the aux states
 # by dynamic-update-slice, the next norm's statistic reduced with the residual).
 TPU_LAYER_BODY_BUDGETS = {
-    ("reference", "plain_step"): 33,    # measured 31  [51, 36]
-    ("reference", "verify"): 31,        # measured 29  [66, 40]
-    ("pallas", "plain_step"): 23,       # measured 21  [48, 33]
-    ("pallas", "verify"): 22,           # measured 20  [58, 38]
+    ("reference", "plain_step"): 35,    # measured 33  [51, 36]
+    ("reference", "verify"): 33,        # measured 31  [66, 40]
+    ("pallas", "plain_step"): 25,       # measured 23  [48, 33]
+    ("pallas", "verify"): 24,           # measured 22  [58, 38]
 }
 
 
@@ -97,11 +97,11 @@ def test_tpu_layer_body_budget(kernels):
 
 
 # The Llama-3-8B layer on v5p (bf16, batch 8, 8k context, Pallas kernels, EAGLE-3 trees):
-# what one target layer compiles to at the shape that matters. Measured 21 (plain step) and
-# 24 (verify, tree and chain), four of the verify's XLA's own async copies into VMEM; before
-# (a033d8d) 34, 51 (tree) and 39 (chain: 5 nodes at batch 8 made XLA relay q, k, v and the
-# attention output in every layer; spec_decode.verify_padding pads such blocks to 8).
-TPU_8B_LAYER_BODY_BUDGETS = {"plain_step": 23, "verify": 26}
+# what one target layer compiles to at the shape that matters. Measured 23 (plain step), 26
+# (verify, tree) and 27 (verify, chain), three or four of them XLA's own async copies into
+# VMEM; before (a033d8d) 34, 51 (tree) and 39 (chain: 5 nodes at batch 8 made XLA relay q, k,
+# v and the attention output in every layer; spec_decode.verify_padding pads such blocks).
+TPU_8B_LAYER_BODY_BUDGETS = {"plain_step": 25, "verify": 29}
 
 
 @pytest.mark.tpu_aot
