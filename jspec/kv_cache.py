@@ -189,7 +189,7 @@ def write_index(cache: PagedKVCache, T: int, valid: jax.Array | None = None,
     return jnp.stack([heads, slots], -1)
 
 
-def layer_index(cache: PagedKVCache, index: jax.Array, layer) -> jax.Array:
+def layer_index(index: jax.Array, layer) -> jax.Array:
     """:func:`write_index` ``index`` with the ``layer`` column in front: what
     :func:`write_layer` scatters by. A scanned forward builds it for every layer before its
     loop (built in the loop body, the column cost a TPU layer five scalar and index kernels)."""
@@ -227,9 +227,8 @@ def write_layer(cache: PagedKVCache, layer: int, k: jax.Array, v: jax.Array,
     if layer_idx is None:
         if index is None:
             index = write_index(cache, T, valid, offset)
-        layer_idx = layer_index(cache, index, layer)
+        layer_idx = layer_index(index, layer)
     shape = cache.k_pages.shape
-    L, KVH, P, S, D = shape
     if _per_row():      # idx [B, KVH, T, 3] -> one [D] row each; updates [B, KVH, T, D]
         dn = jax.lax.ScatterDimensionNumbers(update_window_dims=(3,),
                                              inserted_window_dims=(0, 1, 2),

@@ -31,8 +31,8 @@ from jspec import kv_cache as kvc
 from jspec.attention import paged_attention_ref, windowed_attention_ref
 from jspec.attention import prepare as prepare_attention
 from jspec.config import LlamaConfig
-from jspec.rope import apply_rope, rope_inv_freq, rope_tables, rotate, rotate_by_product
 from jspec.platform import target_platform
+from jspec.rope import apply_rope, rope_inv_freq, rope_tables, rotate, rotate_by_product
 from jspec.serving_layout import is_stacked, linear, pack_params, precision, precision_of
 
 AttentionFn = Callable[..., jax.Array]
@@ -272,7 +272,8 @@ def _rotated_qkv(cfg: LlamaConfig, qkv, shared: Shared):
     G = cfg.num_heads // KVH
     if _rotates_whole_block():
         qkv = kvc.finite_or_zero(rotate_by_product(qkv, shared.cos, shared.sin))
-        return qkv[:, :, :, :G].reshape(B, T, KVH * G, D), qkv[:, :, :, G], qkv[:, :, :, G + 1], True
+        q = qkv[:, :, :, :G].reshape(B, T, KVH * G, D)
+        return q, qkv[:, :, :, G], qkv[:, :, :, G + 1], True
     q = rotate(qkv[:, :, :, :G].reshape(B, T, KVH * G, D), shared.cos, shared.sin)
     return q, rotate(qkv[:, :, :, G], shared.cos, shared.sin), qkv[:, :, :, G + 1], False
 
@@ -283,7 +284,7 @@ def decoder_layer(cfg: LlamaConfig, lp, x, shared: Shared, cache, layer,
     ``layer_idx``: this layer's KV write index (:func:`jspec.kv_cache.layer_index`);
     ``ss``: :func:`sum_square` of ``x``, when the previous layer computed it."""
     if layer_idx is None:
-        layer_idx = kvc.layer_index(cache, shared.write_index, layer)
+        layer_idx = kvc.layer_index(shared.write_index, layer)
     c = cfg
     B, T, _ = x.shape
     prec = precision(c)
@@ -302,8 +303,9 @@ def decoder_layer(cfg: LlamaConfig, lp, x, shared: Shared, cache, layer,
 
 def forward(cfg: LlamaConfig, packed, tokens, positions, cache, block_mask=None, valid=None,
             aux_layers: Sequence[int] = (), attention_fn: AttentionFn = paged_attention_ref):
-    """The target forward over packed parameters: one ``lax.scan`` over a stacked layer
-    stack, a Python loop over per-layer weights (see :func:`pack_params`).
+    """The target forward over packed parameters: one ``lax.fori_loop`` over a stacked layer
+    stack (its counter is the layer index the body needs), a Python loop over per-layer
+    weights (see :func:`pack_params`).
 
     ``tokens, positions: [B, T]``. Writes the block's KV after each row's committed length
     (masked by ``valid [B, T]``), attends with ``block_mask`` (causal when None).
@@ -334,7 +336,7 @@ def forward(cfg: LlamaConfig, packed, tokens, positions, cache, block_mask=None,
         slot_of = jnp.asarray(slot_of)
         # Every layer's KV write index, built before the loop (the body only slices it).
         idx = jax.lax.optimization_barrier(jax.vmap(
-            lambda i: kvc.layer_index(cache, shared.write_index, i))(jnp.arange(L, dtype=jnp.int32)))
+            lambda i: kvc.layer_index(shared.write_index, i))(jnp.arange(L, dtype=jnp.int32)))
         lps = packed["layers"]
         # On TPU/GPU the next layer's norm statistic is reduced in the kernel that adds the
         # residual (one kernel less per layer); XLA:CPU does not fuse it there (two more).

@@ -132,12 +132,12 @@ class SpecDecoder:
         tokens, mask, valid = tree.tokens, tree.mask(), None
         B, N = tokens.shape
         pad = verify_padding(B, N)
-        if pad:
+        if pad:     # dummies: copies of the last node, seeing only themselves, never written
             tokens, pos = (jnp.pad(a, ((0, 0), (0, pad)), mode="edge") for a in (tokens, pos))
-            eye = jnp.eye(N + pad, dtype=bool)[None]
-            mask = jnp.pad(mask, ((0, 0), (0, pad), (0, pad))) | (eye & ~jnp.pad(
-                jnp.ones((1, N, N), bool), ((0, 0), (0, pad), (0, pad))))
-            valid = jnp.broadcast_to(jnp.arange(N + pad) < N, (B, N + pad))
+            real = jnp.arange(N + pad) < N
+            mask = (jnp.pad(mask, ((0, 0), (0, pad), (0, pad)))
+                    | (jnp.eye(N + pad, dtype=bool) & ~real[:, None])[None])
+            valid = jnp.broadcast_to(real, (B, N + pad))
         hidden, aux, cache = forward(self.config, params, tokens, pos, cache,
                                      block_mask=mask, valid=valid, aux_layers=self.aux_layers,
                                      attention_fn=kernels.attention_fn(self.kernels))
