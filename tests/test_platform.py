@@ -117,3 +117,23 @@ def test_tpu_8b_layer_body_budget(spec):
     for r in res["rows"]:
         assert 0 < r["layer_body"] <= TPU_8B_LAYER_BODY_BUDGETS[r["program"]], r
         assert r["pool_copies"] == 0, r
+
+
+@pytest.mark.tpu_aot
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu not installed")
+def test_tpu_mesh_kv_write_moves_no_pool():
+    """On a (data, model) TPU mesh the KV pools are sharded over KV heads; the per-row KV
+    write must keep that axis its own dimension. A write into a view that merged it with the
+    layer and slot axes made the partitioner all-gather a whole pool in every layer (35 GB
+    per device per iteration at 8B). No collective of the loop may move a pool-sized array."""
+    from jspec.bench import plan as plan_mod
+    from jspec.sharding import make_mesh
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=512, intermediate_size=1024, num_layers=4,
+                      num_heads=8, num_kv_heads=4, head_dim=128, dtype="bfloat16")
+    mesh = make_mesh(2, 4, plan_mod.tpu_devices("v5e:2x4", 8))
+    p = plan_mod.plan(cfg, "eagle3", mesh, batch=4, context=512)
+    assert p.collectives, "no collectives read"
+    kv = next(m for m in p.memory if m["what"].startswith("target KV"))
+    pool_bytes_per_device = kv["MB/device"] * 2**20 / 2      # one of k and v
+    worst = max(p.collectives, key=lambda c: c["bytes"])
+    assert worst["bytes"] < pool_bytes_per_device / 8, worst
