@@ -255,9 +255,10 @@ def shared_inputs(cfg: LlamaConfig, positions, cache, block_mask, valid,
         cos = jnp.where(is_v, 1.0, cos[:, :, :, None])
         sin = jnp.where(is_v, 0.0, sin[:, :, :, None])
     q = jax.ShapeDtypeStruct((B, T, cfg.num_heads, cfg.head_dim), jnp.dtype(cfg.dtype))
-    # Materialised once, before the layer loop: XLA sinks cheap producers (the tables'
-    # selects, the write index, the kernels' flattened page table) into a scanned body and
-    # redoes them in every layer.
+    # Materialised once, before the layers: XLA sinks cheap producers (the tables' selects,
+    # the write index, the kernels' flattened page table) into a scanned body and redoes them
+    # in every layer; unrolled on TPU, it fuses them into each layer's kernels (one more
+    # kernel per plain-step layer without the barrier).
     return jax.lax.optimization_barrier(Shared(cos, sin, kvc.write_index(cache, T, valid),
                                                prepare_attention(attention_fn, cache,
                                                                  block_mask, q)))
@@ -283,8 +284,6 @@ def decoder_layer(cfg: LlamaConfig, lp, x, shared: Shared, cache, layer,
     """One layer over packed parameters ``lp`` (one slice of ``packed["layers"]``);
     ``layer_idx``: this layer's KV write index (:func:`jspec.kv_cache.layer_index`);
     ``ss``: :func:`sum_square` of ``x``, when the previous layer computed it."""
-    if layer_idx is None:
-        layer_idx = kvc.layer_index(shared.write_index, layer)
     c = cfg
     B, T, _ = x.shape
     prec = precision(c)
@@ -292,7 +291,8 @@ def decoder_layer(cfg: LlamaConfig, lp, x, shared: Shared, cache, layer,
     h = rms_norm(x, lp["ln1"], c.rms_norm_eps, ss).astype(dt)
     qkv = linear(h, lp["qkv"].astype(dt), prec)                          # [B, T, KVH, G+2, D]
     q, k, v, guarded = _rotated_qkv(c, qkv, shared)
-    cache = kvc.write_layer(cache, layer, k, v, layer_idx=layer_idx, guarded=guarded)
+    cache = kvc.write_layer(cache, layer, k, v, index=shared.write_index, layer_idx=layer_idx,
+                            guarded=guarded)
     o = attention_fn(q, cache, layer, shared.block)
     x = x + linear(o.reshape(B, T, -1).astype(dt), lp["o"].astype(dt), prec)
     h = rms_norm(x, lp["ln2"], c.rms_norm_eps).astype(dt)

@@ -29,6 +29,7 @@ from jspec import kernels, kv_cache as kvc
 from jspec.config import LlamaConfig
 from jspec.decode import MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, emit_block, finite_rows
 from jspec.llama import forward, logits as lm_logits
+from jspec.platform import target_platform
 from jspec.serving_layout import pack_params
 from jspec.sampling import SamplingConfig, sample, target_probs
 from jspec.sharding import constrain_kv, per_data_shard
@@ -63,7 +64,6 @@ def verify_padding(batch: int, nodes: int) -> int:
     rows out batch-minor and relays every layer's q, k, v and attention output (13 more
     kernels in an 8B layer). The dummies are never written to the KV cache, no real node sees
     them, and their outputs are dropped. CPU: none (there t_V grows with the rows)."""
-    from jspec.platform import target_platform
     if target_platform() == "cpu" or batch == 1:
         return 0
     return -nodes % 8

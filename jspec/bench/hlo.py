@@ -112,8 +112,10 @@ def _shape_key(shape: str) -> tuple[str, tuple[int, ...]] | None:
 def pool_key(x) -> list[tuple[str, tuple[int, ...]]]:
     """The views of a KV pool ``[L, KVH, P, page_size, D]`` that XLA works on: the pool
     itself, ``[L, KVH, P*page_size, D]`` (slots flattened), ``[L*KVH, P, page_size, D]``,
-    ``[L*KVH*P*page_size, D]`` (rows: the accelerators' KV write) and fully flat. Only whole pools match: a one-layer slice of a deeper pool, or a gather of
-    some rows' pages, has other dims even when its element count equals a 1-layer pool's."""
+    ``[L*KVH*P*page_size, D]`` (rows: how XLA:TPU lays out the commit's and the drafter's
+    per-row scatters) and fully flat. Only whole pools match: a one-layer slice of a deeper
+    pool, or a gather of some rows' pages, has other dims even when its element count equals
+    a 1-layer pool's."""
     t = _HLO_TYPES[np.dtype(x.dtype).name]
     L, H, P, ps, D = x.shape
     views = {(L, H, P, ps, D), (L, H, P * ps, D), (L * H, P, ps, D), (L * H * P * ps, D),
