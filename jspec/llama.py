@@ -217,11 +217,12 @@ def sum_square(x):
 def rms_norm(x, scale, eps: float, ss=None):
     """``ss``: :func:`sum_square` of ``x`` when the caller has it (a scanned stack computes
     the next layer's in the kernel of the residual add that makes ``x``). Sum, then divide,
-    as ``jnp.mean``: the same values either way."""
+    as ``jnp.mean``: the same values either way. ``scale=None``: the scale was folded into
+    the weight the result feeds (:func:`jspec.serving_layout.fold_scale`)."""
     xf = x.astype(jnp.float32)
     ss = sum_square(x) if ss is None else ss
     xf = xf * jax.lax.rsqrt(ss / jnp.float32(x.shape[-1]) + eps)
-    return scale * xf.astype(x.dtype)
+    return xf.astype(x.dtype) if scale is None else scale * xf.astype(x.dtype)
 
 
 @struct.dataclass
@@ -288,14 +289,14 @@ def decoder_layer(cfg: LlamaConfig, lp, x, shared: Shared, cache, layer,
     B, T, _ = x.shape
     prec = precision(c)
     dt = jnp.dtype(c.dtype)
-    h = rms_norm(x, lp["ln1"], c.rms_norm_eps, ss).astype(dt)
+    h = rms_norm(x, None, c.rms_norm_eps, ss).astype(dt)      # scales folded into qkv, gate_up
     qkv = linear(h, lp["qkv"].astype(dt), prec)                          # [B, T, KVH, G+2, D]
     q, k, v, guarded = _rotated_qkv(c, qkv, shared)
     cache = kvc.write_layer(cache, layer, k, v, index=shared.write_index, layer_idx=layer_idx,
                             guarded=guarded)
     o = attention_fn(q, cache, layer, shared.block)
     x = x + linear(o.reshape(B, T, -1).astype(dt), lp["o"].astype(dt), prec)
-    h = rms_norm(x, lp["ln2"], c.rms_norm_eps).astype(dt)
+    h = rms_norm(x, None, c.rms_norm_eps).astype(dt)
     gu = linear(h, lp["gate_up"].astype(dt), prec)                        # [B, T, 2, I]
     m = (jax.nn.silu(gu[:, :, 0]) * gu[:, :, 1]).astype(dt)
     return x + linear(m, lp["down"].astype(dt), prec), cache

@@ -56,6 +56,16 @@ def default_stacked() -> bool:
     return target_platform() != "cpu"
 
 
+def fold_scale(w, scale):
+    """An output-major weight ``[out..., in]`` times the RMSNorm scale ``[in]`` that feeds it,
+    as one rounding of the fp32 product: ``(norm(x) * scale) @ W == norm(x) @ (scale * W)``.
+    A scanned layer's norm scales were two kernels of its body on TPU (XLA slices a stacked
+    ``[L, H]`` scale in a kernel of its own and will not fuse it into the projection).
+    Plain and speculative decoding run the same folded weights; against the checkpoint's
+    own arithmetic it differs by one rounding of the weight (bf16: about 2^-9 relative)."""
+    return (w.astype(jnp.float32) * scale.astype(jnp.float32)).astype(w.dtype)
+
+
 def pack_params(cfg: LlamaConfig, params, stacked: bool | None = None) -> dict:
     """Checkpoint layout (``layers_{i}.self_attn.q_proj`` ...) -> packed layout.
 
@@ -83,13 +93,12 @@ def pack_params(cfg: LlamaConfig, params, stacked: bool | None = None) -> dict:
         qkv = jnp.concatenate([a["q_proj"]["kernel"].reshape(H, KVH, G, D),
                                a["k_proj"]["kernel"].reshape(H, KVH, 1, D),
                                a["v_proj"]["kernel"].reshape(H, KVH, 1, D)], axis=2)
+        gate_up = jnp.stack([m["gate_proj"]["kernel"].T, m["up_proj"]["kernel"].T])
         return {
-            "ln1": lp["input_layernorm"]["scale"],
-            "qkv": jnp.moveaxis(qkv, 0, -1),                                   # [KVH, G+2, D, H]
+            "qkv": fold_scale(jnp.moveaxis(qkv, 0, -1),                        # [KVH, G+2, D, H]
+                              lp["input_layernorm"]["scale"]),
             "o": a["o_proj"]["kernel"].T,                                      # [H, Hq*D]
-            "ln2": lp["post_attention_layernorm"]["scale"],
-            "gate_up": jnp.stack([m["gate_proj"]["kernel"].T,                  # [2, I, H]
-                                  m["up_proj"]["kernel"].T]),
+            "gate_up": fold_scale(gate_up, lp["post_attention_layernorm"]["scale"]),  # [2, I, H]
             "down": m["down_proj"]["kernel"].T,                                # [H, I]
         }
 
@@ -110,10 +119,8 @@ PACKED_AXES = {
     "norm": ("norm",),
     "lm_head": ("vocab", "embed"),
     "layers": {
-        "ln1": ("layers", "norm"),
         "qkv": ("layers", "kv_heads", None, None, "embed"),
         "o": ("layers", "embed", "heads"),
-        "ln2": ("layers", "norm"),
         "gate_up": ("layers", None, "mlp", "embed"),
         "down": ("layers", "embed", "mlp"),
     },
