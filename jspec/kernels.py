@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec import kv_cache as kvc
 from jspec.attention import Block, full_mask, paged_attention_ref
 from jspec.platform import target_platform
 from jspec.spec_config import MAX_TREE_NODES
@@ -99,7 +100,40 @@ class KernelAttention:
                               interpret=self.interpret)
         return Block(mask=mask, mask_bits=bits, rows=rows)
 
-    def __call__(self, q, cache, layer, block_mask=None):
+    def writes_kv(self, cache, T: int) -> bool:
+        """Whether a ``T``-token block's KV is written by the TPU kernel
+        (:mod:`pallas_kernels.kv_write`) rather than XLA's scatter: on the TPU backend, where
+        its ``validate`` accepts the block (at most 64 tokens: prefill keeps the scatter; a
+        lane-wide head dim: tiny padded models keep it too; pages of whole sublane tiles)."""
+        from pallas_kernels.kv_write import validate
+        if self.backend != "tpu":
+            return False
+        L, KVH, P, ps, D = cache.k_pages.shape
+        rows = jax.ShapeDtypeStruct((1, KVH, 2 * T, D), cache.k_pages.dtype)
+        try:
+            validate(rows, cache.k_pages, cache.v_pages, T, 0, T)
+        except ValueError:
+            return False
+        return True
+
+    def write_index(self, cache, T: int, valid=None):
+        """What a forward computes once for its KV writes: the kernel's flat slots ``[B*T]``,
+        or the scatter's index (:func:`jspec.kv_cache.write_index`)."""
+        if self.writes_kv(cache, T):
+            return kvc.write_slots(cache, T, valid)
+        return kvc.write_index(cache, T, valid)
+
+    def write_kv(self, cache, layer, rows, T: int, k_row0: int, v_row0: int, slots):
+        """Keys ``rows[:, :, k_row0 + t]`` and values ``rows[:, :, v_row0 + t]`` (``rows [B, KVH,
+        R, D]``, already finite) of layer ``layer`` at ``slots`` (:meth:`write_index`)."""
+        from pallas_kernels.kv_write import kv_write_tpu
+        k, v = kv_write_tpu(rows, cache.k_pages, cache.v_pages, slots, jnp.asarray(layer, jnp.int32),
+                            T=T, k_row0=k_row0, v_row0=v_row0, interpret=self.interpret)
+        return cache.replace(k_pages=k, v_pages=v)
+
+    def __call__(self, q, cache, layer, block_mask=None, grouped=None):
+        """``grouped``: ``q`` already grouped by KV head (the rows :meth:`write_kv` wrote
+        from), used by the TPU kernel at lane-wide head dims."""
         from pallas_kernels.tree_attention import tree_attention
         B, T, H, D = q.shape
         block = block_mask if isinstance(block_mask, Block) else self.prepare(cache, block_mask, q)
@@ -116,7 +150,8 @@ class KernelAttention:
             k, v, layer = pad(k[layer])[None], pad(v[layer])[None], jnp.int32(0)
         out = tree_attention(q, k, v, cache.page_table, cache.lengths, block.mask_bits,
                              layer, backend=self.backend, interpret=self.interpret,
-                             prepared=block.rows)
+                             prepared=block.rows,
+                             grouped=grouped if self.backend == "tpu" and Dp == D else None)
         return out[..., :D]
 
 

@@ -235,6 +235,7 @@ class Shared:
     sin: jax.Array
     write_index: jax.Array
     block: object
+    kernel_write: bool = struct.field(pytree_node=False, default=False)
 
 
 def _rotates_whole_block() -> bool:
@@ -256,28 +257,50 @@ def shared_inputs(cfg: LlamaConfig, positions, cache, block_mask, valid,
         cos = jnp.where(is_v, 1.0, cos[:, :, :, None])
         sin = jnp.where(is_v, 0.0, sin[:, :, :, None])
     q = jax.ShapeDtypeStruct((B, T, cfg.num_heads, cfg.head_dim), jnp.dtype(cfg.dtype))
+    kernel_write = getattr(attention_fn, "writes_kv", lambda cache, T: False)(cache, T)
+    index = attention_fn.write_index(cache, T, valid) if kernel_write else kvc.write_index(cache, T, valid)
     # Materialised once, before the layers: XLA sinks cheap producers (the tables' selects,
     # the write index, the kernels' flattened page table) into a scanned body and redoes them
     # in every layer; unrolled on TPU, it fuses them into each layer's kernels (one more
     # kernel per plain-step layer without the barrier).
-    return jax.lax.optimization_barrier(Shared(cos, sin, kvc.write_index(cache, T, valid),
-                                               prepare_attention(attention_fn, cache,
-                                                                 block_mask, q)))
+    return jax.lax.optimization_barrier(Shared(cos, sin, index,
+                                               prepare_attention(attention_fn, cache, block_mask, q),
+                                               kernel_write))
 
 
 def _rotated_qkv(cfg: LlamaConfig, qkv, shared: Shared):
-    """``(q [B, T, H, D], k, v [B, T, KVH, D], guarded)`` from the projection's
-    ``[B, T, KVH, G + 2, D]`` (see :func:`_rotates_whole_block`). The accelerators' guard
-    zeroes a non-finite query as well as the key and value; plain decoding runs this same
-    forward, so speculative and plain outputs still agree wherever a row meets one."""
+    """``(q [B, T, H, D], k, v [B, T, KVH, D], block)`` from the projection's
+    ``[B, T, KVH, G + 2, D]`` (see :func:`_rotates_whole_block`); ``block``: the rotated and
+    guarded whole block, or None where k and v are rotated apart and not yet guarded. The
+    accelerators' guard zeroes a non-finite query as well as the key and value; plain
+    decoding runs this same forward, so speculative and plain outputs still agree wherever a
+    row meets one."""
     B, T, KVH, _, D = qkv.shape
     G = cfg.num_heads // KVH
     if _rotates_whole_block():
         qkv = kvc.finite_or_zero(rotate_by_product(qkv, shared.cos, shared.sin))
         q = qkv[:, :, :, :G].reshape(B, T, KVH * G, D)
-        return q, qkv[:, :, :, G], qkv[:, :, :, G + 1], True
+        return q, qkv[:, :, :, G], qkv[:, :, :, G + 1], qkv
     q = rotate(qkv[:, :, :, :G].reshape(B, T, KVH * G, D), shared.cos, shared.sin)
-    return q, rotate(qkv[:, :, :, G], shared.cos, shared.sin), qkv[:, :, :, G + 1], False
+    return q, rotate(qkv[:, :, :, G], shared.cos, shared.sin), qkv[:, :, :, G + 1], None
+
+
+def _write_kv(cache, layer, k, v, block, shared: Shared, layer_idx, attention_fn):
+    """The layer's KV write: ``(cache, rows)``, by the backend's kernel (``shared.kernel_write``;
+    ``rows``: the rows it wrote from, for the attention kernel) or by the scatter (None)."""
+    if not shared.kernel_write:
+        return kvc.write_layer(cache, layer, k, v, index=shared.write_index, layer_idx=layer_idx,
+                               guarded=block is not None), None
+    B, T, KVH, D = k.shape
+    if block is not None:
+        # [B, KVH, (G + 2) * T, D]: row g * T + t, the projection's own layout on TPU (a
+        # bitcast there): the grouped queries, then the keys at G * T + t, then the values.
+        rows = block.transpose(0, 2, 3, 1, 4).reshape(B, KVH, -1, D)
+        G = rows.shape[2] // T - 2
+        return attention_fn.write_kv(cache, layer, rows, T, G * T, (G + 1) * T,
+                                     shared.write_index), rows
+    kv = kvc.finite_or_zero(jnp.concatenate([k, v], axis=1).transpose(0, 2, 1, 3))
+    return attention_fn.write_kv(cache, layer, kv, T, 0, T, shared.write_index), None
 
 
 def decoder_layer(cfg: LlamaConfig, lp, x, shared: Shared, cache, layer,
@@ -291,10 +314,10 @@ def decoder_layer(cfg: LlamaConfig, lp, x, shared: Shared, cache, layer,
     dt = jnp.dtype(c.dtype)
     h = rms_norm(x, None, c.rms_norm_eps, ss).astype(dt)      # scales folded into qkv, gate_up
     qkv = linear(h, lp["qkv"].astype(dt), prec)                          # [B, T, KVH, G+2, D]
-    q, k, v, guarded = _rotated_qkv(c, qkv, shared)
-    cache = kvc.write_layer(cache, layer, k, v, index=shared.write_index, layer_idx=layer_idx,
-                            guarded=guarded)
-    o = attention_fn(q, cache, layer, shared.block)
+    q, k, v, block = _rotated_qkv(c, qkv, shared)
+    cache, rows = _write_kv(cache, layer, k, v, block, shared, layer_idx, attention_fn)
+    o = attention_fn(q, cache, layer, shared.block) if rows is None else attention_fn(
+        q, cache, layer, shared.block, grouped=rows)
     x = x + linear(o.reshape(B, T, -1).astype(dt), lp["o"].astype(dt), prec)
     h = rms_norm(x, None, c.rms_norm_eps).astype(dt)
     gu = linear(h, lp["gate_up"].astype(dt), prec)                        # [B, T, 2, I]
@@ -336,7 +359,7 @@ def forward(cfg: LlamaConfig, packed, tokens, positions, cache, block_mask=None,
         slot_of[list(first)] = list(first.values())
         slot_of = jnp.asarray(slot_of)
         # Every layer's KV write index, built before the loop (the body only slices it).
-        idx = jax.lax.optimization_barrier(jax.vmap(
+        idx = None if shared.kernel_write else jax.lax.optimization_barrier(jax.vmap(
             lambda i: kvc.layer_index(shared.write_index, i))(jnp.arange(L, dtype=jnp.int32)))
         lps = packed["layers"]
         # On TPU/GPU the next layer's norm statistic is reduced in the kernel that adds the
@@ -350,7 +373,7 @@ def forward(cfg: LlamaConfig, packed, tokens, positions, cache, block_mask=None,
                 aux = jax.lax.dynamic_update_slice(aux, x[None], (at(slot_of), 0, 0, 0),
                                                    allow_negative_indices=False)
             x, cache = decoder_layer(c, jax.tree.map(at, lps), x, shared, cache, i, attention_fn,
-                                     at(idx), ss)
+                                     None if idx is None else at(idx), ss)
             return x, next_ss(x), cache, aux
 
         aux0 = jnp.zeros((A + 1 if A else 0,) + x.shape, x.dtype)

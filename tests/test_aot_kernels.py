@@ -25,6 +25,7 @@ def subset(platform: str) -> list[dict]:
             ak.tree_cell(64, 32, 4, 128, "float32"), ak.tree_cell(64, 16, 1, D, "float32"),
             {"kernel": "walk_greedy", "N": 8, "S": 5},
             {"kernel": "walk_sample", "N": 8, "S": 5, "V": 128256},
+            *ak.kv_write_cells((1, 8), (16,), (4,), ("bfloat16",), platform=platform),
             ak.tree_cell(8, 16, 4, 64 if platform == "tpu" else 24, "bfloat16")]
 
 
@@ -47,6 +48,7 @@ def test_matrix_covers_the_issue():
         vocabs = {c["V"] for c in walks if c["kernel"] == "walk_sample"}
         assert {128256, 32000} <= vocabs
         assert any(c["kernel"] == "walk_greedy" for c in walks)
+    assert len(ak.kv_write_cells(platform="tpu")) == 24 and not ak.kv_write_cells(platform="gpu")
 
 
 def test_refused_cells_are_not_compiled():
@@ -55,6 +57,9 @@ def test_refused_cells_are_not_compiled():
     assert row["status"] == "refused" and "multiple of 128" in row["error"]
     row = ak.compile_cell(ak.tree_cell(8, 8, 4, 128, "bfloat16"), "v6e", device=None)
     assert row["status"] == "refused" and "sublane" in row["error"]
+    cell = {"kernel": "kv_write", "T": 8, "page_size": 8, "G": 4, "head_dim": 128, "dtype": "bfloat16"}
+    row = ak.compile_cell(cell, "v5e", device=None)
+    assert row["status"] == "refused" and "sublane tile" in row["error"]
     row = ak.compile_cell({"kernel": "walk_sample", "N": 8, "S": 5, "V": (1 << 18) + 1}, "v5e", None)
     assert row["status"] == "refused" and "vocabulary" in row["error"]
 

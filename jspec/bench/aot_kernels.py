@@ -9,6 +9,9 @@ For each target (TPU v5e, v6e, v5p: Mosaic; the H200: Triton) and each configura
   as the library does (:class:`jspec.kernels.KernelAttention`): the stacked pools
   ``[L, KVH, P, page_size, D]``, a traced layer index, the layer-independent inputs
   prepared once (``row_inputs``), the packed mask words of :func:`jspec.tree.build.pack_mask`;
+- the TPU KV write (:mod:`pallas_kernels.kv_write`) over T tokens, page sizes, GQA groups and
+  dtypes, as a layer calls it: the rotated ``[B, KVH, (G + 2) * T, D]`` block into the stacked
+  pools at a traced layer (TPU targets only; the GPU keeps XLA's scatter);
 - the verify walks (:mod:`pallas_kernels.verify_walk`), greedy and sampling, at the tree
   shapes of the EAGLE-3 default (N = 8, S = 5) and the widest tree (N = 64), sampling at
   Llama-3's and Llama-2's vocabularies (and at the largest vocabulary its validation accepts),
@@ -58,6 +61,14 @@ def tree_cells(nodes=TREE_NODES, page_sizes=PAGE_SIZES, groups=GROUPS, head_dims
     return [tree_cell(*c) for c in itertools.product(nodes, page_sizes, groups, head_dims, dtypes)]
 
 
+def kv_write_cells(tokens=TREE_NODES, page_sizes=PAGE_SIZES, groups=GROUPS, dtypes=DTYPES,
+                   platform="tpu") -> list[dict]:
+    if platform != "tpu":
+        return []
+    return [{"kernel": "kv_write", "T": t, "page_size": ps, "G": g, "head_dim": 128, "dtype": dt}
+            for t, ps, g, dt in itertools.product(tokens, page_sizes, groups, dtypes)]
+
+
 def walk_cells(trees=WALK_TREES, vocabs=VOCABS, platform="tpu", limit=True) -> list[dict]:
     """Both walks per tree; the sampling walk per vocabulary (plus, with ``limit``, the largest
     vocabulary the platform's validation accepts)."""
@@ -84,6 +95,10 @@ def edge_cells(platform: str) -> list[dict]:
         cells += [tree_cell(n, 16, 4, 128, dt) for n in (2, 6, 17, 32, 33, 63)]
         cells += [tree_cell(64, 16, g, 128, dt) for g in (2, 8, 16, 64)]
         cells += [tree_cell(64, ps, 8, 256, dt) for ps in (16, 128)]
+        if platform == "tpu":       # page sizes past the tile, odd block lengths, wide GQA, D 256
+            cells += [{"kernel": "kv_write", "T": t, "page_size": ps, "G": g, "head_dim": d, "dtype": dt}
+                      for t, ps, g, d in ((8, 8, 4, 128), (8, 128, 4, 128), (17, 16, 4, 128),
+                                          (33, 16, 4, 128), (64, 16, 8, 128), (8, 16, 4, 256))]
     for n, s in ((1, 0), (2, 1), (6, 5), (64, 63)):
         cells.append({"kernel": "walk_greedy", "N": n, "S": s})
         cells += [{"kernel": "walk_sample", "N": n, "S": s, "V": v} for v in (1, 50257, 151936)]
@@ -95,7 +110,8 @@ def tree_cell(n, ps, g, d, dt) -> dict:
 
 
 def default_cells(platform: str, edges: bool = False) -> list[dict]:
-    return tree_cells(platform=platform) + walk_cells(platform=platform) + \
+    return tree_cells(platform=platform) + kv_write_cells(platform=platform) + \
+        walk_cells(platform=platform) + \
         (edge_cells(platform) if edges else [])
 
 
@@ -133,6 +149,19 @@ def _tree_program(cell: dict, backend: str):
     return (lambda: validate(*args, backend=backend)), fn, args
 
 
+def _kv_write_program(cell: dict, backend: str):
+    from pallas_kernels.kv_write import kv_write_tpu, validate
+    T, ps, G, D, dt = cell["T"], cell["page_size"], cell["G"], cell["head_dim"], jnp.dtype(cell["dtype"])
+    num_pages = BATCH * -(-(CONTEXT + 64) // ps)
+    layers = max(1, min(LAYERS, POOL_BYTES // (2 * KV_HEADS * num_pages * ps * D * dt.itemsize)))
+    sds = jax.ShapeDtypeStruct
+    pool = sds((layers, KV_HEADS, num_pages, ps, D), dt)
+    args = (sds((BATCH, KV_HEADS, (G + 2) * T, D), dt), pool, pool, sds((BATCH * T,), jnp.int32),
+            sds((), jnp.int32))
+    kw = dict(T=T, k_row0=G * T, v_row0=(G + 1) * T)
+    return (lambda: validate(*args[:3], **kw)), (lambda *a: kv_write_tpu(*a, **kw)), args
+
+
 def _walk_program(cell: dict, backend: str):
     from pallas_kernels.verify_walk import (validate_greedy, validate_sample, verify_walk_greedy,
                                             verify_walk_sample)
@@ -156,7 +185,8 @@ def _first_line(e: BaseException) -> str:
 def compile_cell(cell: dict, target: str, device) -> dict:
     """Validate, then compile one cell for ``device`` (an abstract device of ``target``)."""
     backend = aot.target(target).platform
-    build = _tree_program if cell["kernel"] == "tree_attention" else _walk_program
+    build = {"tree_attention": _tree_program, "kv_write": _kv_write_program}.get(cell["kernel"],
+                                                                               _walk_program)
     check, fn, args = build(cell, backend)
     row = _row(target, cell)
     try:
@@ -238,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jspec.bench aot-kernels", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--targets", nargs="+", choices=sorted(aot.TARGETS), default=["v5e", "v6e", "v5p", "h200"])
-    p.add_argument("--kernels", nargs="+", choices=["tree_attention", "walk_greedy", "walk_sample"],
+    p.add_argument("--kernels", nargs="+", choices=["tree_attention", "kv_write", "walk_greedy", "walk_sample"],
                    default=None, help="a subset of the kernels (default: all)")
     p.add_argument("--edges", action="store_true",
                    help="also the edges of what validation accepts (see edge_cells; slower)")

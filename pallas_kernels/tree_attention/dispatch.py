@@ -45,7 +45,8 @@ def row_inputs(q, k_pages, page_table, mask_bits, *, backend: str | None = None,
 
 def tree_attention(q, k_pages, v_pages, page_table, lengths, mask_bits, layer=None, *,
                    backend: str | None = None, interpret: bool = False,
-                   prepared: layout.RowInputs | None = None) -> jax.Array:
+                   prepared: layout.RowInputs | None = None,
+                   grouped: jax.Array | None = None) -> jax.Array:
     """``q [B, N, H, D]`` over layer ``layer`` (int32 scalar, traced allowed) of the stacked
     pools ``k_pages/v_pages [L, KVH, P, page_size, D]``, ``page_table [B, max_pages]``
     (unallocated = P), ``lengths [B]`` and packed tree mask ``mask_bits [B, N, W]`` ->
@@ -53,7 +54,9 @@ def tree_attention(q, k_pages, v_pages, page_table, lengths, mask_bits, layer=No
     straight from the stacked pools (no per-layer slice is ever materialised).
 
     One layer's pools ``[KVH, P, page_size, D]`` with ``layer=None`` are accepted too (a
-    free leading unit axis is added). ``prepared``: :func:`row_inputs` of the same call."""
+    free leading unit axis is added). ``prepared``: :func:`row_inputs` of the same call.
+    ``grouped`` (TPU kernel only; see :func:`kernel_tpu.tree_attention_tpu`): ``q`` already
+    grouped by KV head."""
     backend = resolve_backend(backend, interpret)
     blocks = validate(q, k_pages, v_pages, page_table, lengths, mask_bits, layer, backend=backend)
     if k_pages.ndim == 4:
@@ -63,6 +66,9 @@ def tree_attention(q, k_pages, v_pages, page_table, lengths, mask_bits, layer=No
         if interpret:
             raise ValueError("interpret=True needs a kernel backend ('tpu' or 'gpu'), not the reference")
         return tree_attention_ref(q, k_pages, v_pages, page_table, lengths, mask_bits, layer)
-    kernel = tree_attention_tpu if backend == "tpu" else tree_attention_gpu
-    return kernel(q, k_pages, v_pages, page_table, lengths, mask_bits, layer, blocks=blocks,
-                  interpret=interpret, prepared=prepared)
+    if backend == "tpu":
+        return tree_attention_tpu(q, k_pages, v_pages, page_table, lengths, mask_bits, layer,
+                                  blocks=blocks, interpret=interpret, prepared=prepared,
+                                  grouped=grouped)
+    return tree_attention_gpu(q, k_pages, v_pages, page_table, lengths, mask_bits, layer,
+                              blocks=blocks, interpret=interpret, prepared=prepared)

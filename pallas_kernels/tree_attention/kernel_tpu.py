@@ -92,17 +92,23 @@ def _kernel(lengths_ref, pt_ref, layer_ref,           # scalar prefetch (SMEM)
 
 def tree_attention_tpu(q, k_pages, v_pages, page_table, lengths, mask_bits, layer, *,
                        blocks: BlockSizes, interpret: bool = False,
-                       prepared: layout.RowInputs | None = None) -> jax.Array:
+                       prepared: layout.RowInputs | None = None,
+                       grouped: jax.Array | None = None) -> jax.Array:
     """Shapes as :func:`pallas_kernels.tree_attention.reference.tree_attention_ref` with
     stacked pools ``[L, KVH, P, page_size, D]`` and an int32 scalar ``layer``; ``blocks``
     from :func:`pallas_kernels.tree_attention.validate.validate`; ``prepared``: the
-    page table and mask words when the caller built them once (:func:`layout.row_inputs`)."""
+    page table and mask words when the caller built them once (:func:`layout.row_inputs`).
+    ``grouped``: the queries already grouped, ``[B, KVH, R', D]`` whose first ``N * G`` rows
+    are :func:`layout.group_queries` of ``q`` (rows after them are read as padding and never
+    written): a fused projection's rotated ``[G + 2]`` block, which then also feeds the KV
+    write (one array for both kernels; sliced apart, XLA relaid q out in every layer)."""
     B, N, H, D = q.shape
     L, KVH, P, ps, _ = k_pages.shape
     G = H // KVH
     ppb, R, Rb = blocks.pages_per_block, blocks.rows, blocks.row_block or blocks.rows
     qg, (pt, words, flat_table) = layout.kernel_operands(q, k_pages, page_table, mask_bits,
-                                                         blocks, prepared, pad_rows=False)
+                                                         blocks, prepared, pad_rows=False,
+                                                         grouped=grouped)
     M = pt.shape[1]                                                      # M % ppb == 0
     num_blocks = M // ppb
 

@@ -95,7 +95,8 @@ def row_inputs(page_table, mask_bits, num_pages: int, num_groups: int, blocks) -
 
 def kernel_operands(q, k_pages, page_table, mask_bits, blocks,
                     prepared: RowInputs | None = None,
-                    pad_rows: bool = True) -> tuple[jax.Array, RowInputs]:
+                    pad_rows: bool = True, grouped: jax.Array | None = None
+                    ) -> tuple[jax.Array, RowInputs]:
     """What both kernels start from: the grouped queries ``[B, KVH, R, D]`` and the row
     inputs (``prepared`` when the forward built them once, else built here).
     ``pad_rows=False``: the queries keep their ``N * G`` rows (the last row block then
@@ -105,4 +106,6 @@ def kernel_operands(q, k_pages, page_table, mask_bits, blocks,
     _, KVH, P, _, _ = k_pages.shape
     if prepared is None:
         prepared = row_inputs(page_table, mask_bits, P, H // KVH, blocks)
+    if grouped is not None:
+        return grouped.astype(q.dtype), prepared
     return group_queries(q, KVH, blocks.rows if pad_rows else H // KVH * q.shape[1]), prepared
