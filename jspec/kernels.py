@@ -39,7 +39,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec import kv_cache as kvc
 from jspec.attention import Block, full_mask, paged_attention_ref
 from jspec.platform import target_platform
 from jspec.spec_config import MAX_TREE_NODES
@@ -108,7 +107,7 @@ class KernelAttention:
         from pallas_kernels.kv_write import validate
         if self.backend != "tpu":
             return False
-        L, KVH, P, ps, D = cache.k_pages.shape
+        KVH, D = cache.k_pages.shape[-4], cache.k_pages.shape[-1]
         rows = jax.ShapeDtypeStruct((1, KVH, 2 * T, D), cache.k_pages.dtype)
         try:
             validate(rows, cache.k_pages, cache.v_pages, T, 0, T)
@@ -116,16 +115,10 @@ class KernelAttention:
             return False
         return True
 
-    def write_index(self, cache, T: int, valid=None):
-        """What a forward computes once for its KV writes: the kernel's flat slots ``[B*T]``,
-        or the scatter's index (:func:`jspec.kv_cache.write_index`)."""
-        if self.writes_kv(cache, T):
-            return kvc.write_slots(cache, T, valid)
-        return kvc.write_index(cache, T, valid)
-
     def write_kv(self, cache, layer, rows, T: int, k_row0: int, v_row0: int, slots):
         """Keys ``rows[:, :, k_row0 + t]`` and values ``rows[:, :, v_row0 + t]`` (``rows [B, KVH,
-        R, D]``, already finite) of layer ``layer`` at ``slots`` (:meth:`write_index`)."""
+        R, D]``, already finite) of layer ``layer`` at flat ``slots [B*T]``
+        (:func:`jspec.kv_cache.write_slots`)."""
         from pallas_kernels.kv_write import kv_write_tpu
         k, v = kv_write_tpu(rows, cache.k_pages, cache.v_pages, slots, jnp.asarray(layer, jnp.int32),
                             T=T, k_row0=k_row0, v_row0=v_row0, interpret=self.interpret)

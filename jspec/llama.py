@@ -257,8 +257,9 @@ def shared_inputs(cfg: LlamaConfig, positions, cache, block_mask, valid,
         cos = jnp.where(is_v, 1.0, cos[:, :, :, None])
         sin = jnp.where(is_v, 0.0, sin[:, :, :, None])
     q = jax.ShapeDtypeStruct((B, T, cfg.num_heads, cfg.head_dim), jnp.dtype(cfg.dtype))
+    # The backend's KV write kernel takes flat slots; the scatter its (head, slot) index.
     kernel_write = getattr(attention_fn, "writes_kv", lambda cache, T: False)(cache, T)
-    index = attention_fn.write_index(cache, T, valid) if kernel_write else kvc.write_index(cache, T, valid)
+    index = (kvc.write_slots if kernel_write else kvc.write_index)(cache, T, valid)
     # Materialised once, before the layers: XLA sinks cheap producers (the tables' selects,
     # the write index, the kernels' flattened page table) into a scanned body and redoes them
     # in every layer; unrolled on TPU, it fuses them into each layer's kernels (one more
