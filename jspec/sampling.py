@@ -12,6 +12,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jspec import topk
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
@@ -39,7 +41,7 @@ def filtered_logits(logits: jax.Array, s: SamplingConfig) -> jax.Array:
     x = logits.astype(jnp.float32) / s.temperature
     V = x.shape[-1]
     if 0 < s.top_k < V:
-        kth = jax.lax.top_k(x, s.top_k)[0][..., -1:]
+        kth = topk.top_k(x, s.top_k)[0][..., -1:]
         x = jnp.where(x < kth, -jnp.inf, x)
     if s.top_p < 1.0:
         x = jnp.where(_top_p_keep(x, s.top_p, s.top_k), x, -jnp.inf)
@@ -65,7 +67,7 @@ def _top_p_keep(x: jax.Array, top_p: float, top_k: int) -> jax.Array:
         return jnp.take_along_axis(vals, n - 1, axis=-1), n
 
     C = min(V, top_k if 0 < top_k < V else TOP_P_CANDIDATES)
-    vals = jax.lax.top_k(x, C)[0]
+    vals = topk.top_k(x, C)[0]
     thr, n = threshold(vals)
     if C < V:
         # The nucleus is inside the candidates when it stops before their end, or when they

@@ -44,6 +44,7 @@ from jspec.llama import out_major_params
 from jspec.serving_layout import is_packed
 from jspec.shapes import Float
 from jspec.spec_config import SpecConfig
+from jspec.topk import top_k
 from jspec.tree.build import DraftTree
 from jspec.tree.calibration import node_scores
 from jspec.tree.select import (CandidatePool, expand_frontier, pool_offset, pool_parent_index,
@@ -61,8 +62,9 @@ def kept_rows(x: jax.Array, keep: jax.Array | None) -> jax.Array:
 
 def top_k_logprobs(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """The k best log-probabilities and their ids: top-k of the raw logits minus one
-    logsumexp, instead of a full-vocabulary log_softmax followed by top-k."""
-    vals, ids = jax.lax.top_k(logits, k)
+    logsumexp, instead of a full-vocabulary log_softmax followed by top-k (the two-stage
+    :func:`jspec.topk.top_k`: ``lax.top_k`` over a vocabulary compiles slowly on TPU)."""
+    vals, ids = top_k(logits, k)
     return vals - jax.nn.logsumexp(logits, -1, keepdims=True), ids
 
 

@@ -42,6 +42,7 @@ from jspec.drafters.registry import DrafterKind, register
 from jspec.drafters.vocab import check_draft_vocab, check_token_map, to_target_ids
 from jspec.shapes import Float
 from jspec.spec_config import SpecConfig
+from jspec.topk import top_k
 from jspec.tree.static import MC_SIM_7B_63, StaticTree, static_tree_tokens
 
 
@@ -167,7 +168,7 @@ class Medusa(DraftModuleDefaults):
         tree = self.tree(spec)
         head = None if self.vocab_size else target_head(cfg, tparams)
         logits = self.net.apply({"params": params["net"]}, state.feature, head)  # [B, heads, V]
-        _, top = jax.lax.top_k(logits[:, :tree.depth], tree.topk)
+        _, top = top_k(logits[:, :tree.depth], tree.topk)
         top = self.to_target_ids(params, top)
         return static_tree_tokens(tree, root, top)
 
