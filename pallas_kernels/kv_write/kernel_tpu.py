@@ -156,7 +156,11 @@ def kv_write_tpu(rows, k_pages, v_pages, slots, layer, *, T: int, k_row0: int, v
     """Write tokens ``t < T`` of ``rows [B, KVH, R, D]`` (key ``t`` at row ``k_row0 + t``, value
     at ``v_row0 + t``) into layer ``layer`` of the stacked pools ``[L, KVH, P, page_size, D]``
     at flat slots ``slots [B * T]`` (``P * page_size``: dropped). Returns the new pools (the
-    inputs' buffers, donated in place under jit)."""
+    inputs' buffers, donated in place under jit).
+
+    Contract (dynamic, not checked): a row's kept slots are those of consecutive positions,
+    as :func:`jspec.kv_cache.write_slots` gives them, so its groups come in order and none
+    twice; slots of different rows never share a page."""
     validate(rows, k_pages, v_pages, T, k_row0, v_row0)
     B, KVH, R, D = rows.shape
     L, _, P, ps, _ = k_pages.shape
