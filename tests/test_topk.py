@@ -1,5 +1,5 @@
-"""jspec.topk.top_k is lax.top_k's answer (values and indices, ties in index order) on the
-vocabulary-wide axes it cuts into chunks."""
+"""jspec.topk's two-stage top-k is lax.top_k's answer (values and indices, ties in index
+order) on the vocabulary-wide axes it cuts into chunks; top_k uses it when building for TPU."""
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,7 @@ def _inputs(rng, kind, shape):
 def test_equals_lax_top_k(V, k, kind, dtype):
     rng = np.random.default_rng(V + k)
     x = jnp.asarray(_inputs(rng, kind, (2, 3, V)), dtype)
-    got = jax.jit(topk.top_k, static_argnums=1)(x, k)
+    got = jax.jit(topk.two_stage_top_k, static_argnums=1)(x, k)
     want = jax.lax.top_k(x, k)
     np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32))
     np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
@@ -39,8 +39,21 @@ def test_cuts_only_wide_axes(monkeypatch):
     widths = []
     real = jax.lax.top_k
     monkeypatch.setattr(jax.lax, "top_k", lambda x, k: widths.append(x.shape[-1]) or real(x, k))
-    topk.top_k(jnp.zeros((1, 300)), 4)
+    topk.two_stage_top_k(jnp.zeros((1, 300)), 4)
     assert widths == [300]
     widths.clear()
-    topk.top_k(jnp.zeros((1, 32768)), 4)
+    topk.two_stage_top_k(jnp.zeros((1, 32768)), 4)
     assert widths and max(widths) < 32768, widths
+
+
+def test_two_stages_only_when_building_for_tpu(monkeypatch):
+    from jspec.platform import building_for
+    widths = []
+    real = jax.lax.top_k
+    monkeypatch.setattr(jax.lax, "top_k", lambda x, k: widths.append(x.shape[-1]) or real(x, k))
+    topk.top_k(jnp.zeros((1, 32768)), 4)
+    assert widths == [32768]                    # CPU: lax.top_k as it is
+    widths.clear()
+    with building_for("tpu"):
+        topk.top_k(jnp.zeros((1, 32768)), 4)
+    assert max(widths) < 32768, widths

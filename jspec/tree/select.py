@@ -94,9 +94,15 @@ def select_tree(root_token: jax.Array, pool_tokens: jax.Array, pool_scores: jax.
         eff = jnp.where(has_parent, jnp.minimum(scores, par_eff), scores)
         depth = jnp.where(has_parent, par_depth + 1, 1)
     idx = jnp.broadcast_to(jnp.arange(M, dtype=jnp.int32), (B, M))
-    # Primary key last: higher effective score, then shallower, then earlier.
-    order = jax.vmap(lambda e, d, i: jnp.lexsort((i, d, -e)))(eff, depth, idx)
-    chosen = jnp.sort(order[:, :n_draft], axis=1)           # pool order = topological order
+    # Rank in (higher effective score, then shallower, then earlier) order by pairwise
+    # comparison (M is a few dozen): XLA:TPU compiled the three-key lexsort and the sort of the
+    # kept indices in about 1.3 s of a draft program. -0.0 counts as +0.0 (+ 0.0 below).
+    e = eff + 0.0
+    ei, ej, di, dj = e[:, :, None], e[:, None, :], depth[:, :, None], depth[:, None, :]
+    ahead = (ej > ei) | ((ej == ei) & ((dj < di) | ((dj == di) & (idx[:, None, :] < idx[:, :, None]))))
+    kept = jnp.sum(ahead, axis=2) < n_draft                 # [B, M]: among the best N-1
+    # The kept indices in pool order (= topological order): top-k of -index over the kept.
+    _, chosen = jax.lax.top_k(jnp.where(kept, -idx, -M - idx), n_draft)
     node_of = jnp.full((B, M), -1, jnp.int32).at[jnp.arange(B)[:, None], chosen].set(
         jnp.arange(1, num_nodes, dtype=jnp.int32))
     ppar = jnp.take_along_axis(parents, chosen, axis=1)
