@@ -40,7 +40,10 @@ def two_stage_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """:func:`top_k` in two stages (module doc), on any platform."""
     x = x + jnp.zeros((), x.dtype)                         # -0.0 -> +0.0 (module doc)
     V = x.shape[-1]
-    if V < MIN_WIDTH or k * CHUNK >= V:
+    if V < MIN_WIDTH or 4 * k * CHUNK > V:
+        # The last stage is a top-k over k * CHUNK candidates: cutting pays only while that is
+        # a small part of the axis (the sampling filter's 256 candidates over 128256 would
+        # still be a 32768-wide lax.top_k, plus the stages around it).
         return jax.lax.top_k(x, k)
     pad = -V % CHUNK
     if pad:

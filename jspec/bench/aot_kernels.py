@@ -124,6 +124,16 @@ def _row(target: str, cell: dict) -> dict:
 
 
 # ------------------------------------------------------------------ one cell
+def _pool(page_size: int, D: int, dt) -> tuple[jax.ShapeDtypeStruct, int]:
+    """One stacked pool ``[layers, KVH, P, page_size, D]`` for BATCH rows of CONTEXT (+ a tree)
+    and a row's pages; fewer layers when K + V would pass POOL_BYTES (the pools fit any target)."""
+    max_pages = -(-(CONTEXT + 64) // page_size)
+    num_pages = BATCH * max_pages
+    layer_bytes = 2 * KV_HEADS * num_pages * page_size * D * dt.itemsize
+    layers = max(1, min(LAYERS, POOL_BYTES // layer_bytes))
+    return jax.ShapeDtypeStruct((layers, KV_HEADS, num_pages, page_size, D), dt), max_pages
+
+
 def _tree_program(cell: dict, backend: str):
     """(validate thunk, fn, abstract args) of one tree-attention call as the library makes it."""
     from jspec.tree.build import mask_dtype
@@ -131,14 +141,10 @@ def _tree_program(cell: dict, backend: str):
     from pallas_kernels.tree_attention.dispatch import row_inputs
 
     N, ps, G, D, dt = cell["N"], cell["page_size"], cell["G"], cell["head_dim"], jnp.dtype(cell["dtype"])
-    max_pages = -(-(CONTEXT + 64) // ps)
-    num_pages = BATCH * max_pages
-    layer_bytes = 2 * KV_HEADS * num_pages * ps * D * dt.itemsize
-    layers = max(1, min(LAYERS, POOL_BYTES // layer_bytes))      # the pools fit any target
+    pool, max_pages = _pool(ps, D, dt)
     wdt, words = mask_dtype(N)
     sds = jax.ShapeDtypeStruct
-    args = (sds((BATCH, N, KV_HEADS * G, D), dt),
-            sds((layers, KV_HEADS, num_pages, ps, D), dt), sds((layers, KV_HEADS, num_pages, ps, D), dt),
+    args = (sds((BATCH, N, KV_HEADS * G, D), dt), pool, pool,
             sds((BATCH, max_pages), jnp.int32), sds((BATCH,), jnp.int32), sds((BATCH, N, words), wdt),
             sds((), jnp.int32))
 
@@ -152,10 +158,8 @@ def _tree_program(cell: dict, backend: str):
 def _kv_write_program(cell: dict, backend: str):
     from pallas_kernels.kv_write import kv_write_tpu, validate
     T, ps, G, D, dt = cell["T"], cell["page_size"], cell["G"], cell["head_dim"], jnp.dtype(cell["dtype"])
-    num_pages = BATCH * -(-(CONTEXT + 64) // ps)
-    layers = max(1, min(LAYERS, POOL_BYTES // (2 * KV_HEADS * num_pages * ps * D * dt.itemsize)))
+    pool, _ = _pool(ps, D, dt)
     sds = jax.ShapeDtypeStruct
-    pool = sds((layers, KV_HEADS, num_pages, ps, D), dt)
     args = (sds((BATCH, KV_HEADS, (G + 2) * T, D), dt), pool, pool, sds((BATCH * T,), jnp.int32),
             sds((), jnp.int32))
     kw = dict(T=T, k_row0=G * T, v_row0=(G + 1) * T)
