@@ -125,6 +125,95 @@ def test_count_kernels_counts_the_biggest_branch():
     assert flops(f([big, big]))["once"] == 3 * 2 * 8 ** 3
 
 
+def test_kernel_bytes_charges_slices_in_place_writes_and_loops():
+    """Sliced reads are charged the slice, an in-place update its update (not the buffer),
+    a loop body its trip count times."""
+    big = jax.ShapeDtypeStruct((64, 1024), jnp.float32)          # 256 KiB
+    i = jax.ShapeDtypeStruct((), jnp.int32)
+    row = 1024 * 4
+
+    def io(fn, *args, donate=()):
+        return hlo.kernel_bytes(jax.jit(fn, donate_argnums=donate).lower(*args).compile().as_text())
+
+    read = io(lambda x, k: jax.lax.dynamic_slice_in_dim(x, k, 1) * 2.0, big, i)["weighted"]
+    assert row <= read <= 3 * row + 64, read          # one row in, one out (not 256 KiB)
+    write = io(lambda x, k: jax.lax.dynamic_update_slice_in_dim(x, jnp.ones((1, 1024)), k, 0),
+               big, i, donate=(0,))["weighted"]
+    assert row <= write <= 3 * row + 64, write
+    whole = io(lambda x: x * 2.0, big)["weighted"]
+    assert whole == 2 * 64 * row                       # read and written in full
+
+    def loop(n):
+        return lambda x: jax.lax.fori_loop(0, n, lambda j, c: c + jax.lax.dynamic_slice_in_dim(
+            x, j, 1)[0], jnp.zeros((1024,)))
+    two, ten = io(loop(2), big), io(loop(10), big)
+    assert ten["once"] == two["once"]                  # a body once, as XLA's cost analysis
+    body = (ten["weighted"] - two["weighted"]) / 8     # the carry and one row in, one out
+    assert 3 * row <= body <= 3 * row + 64, body
+
+
+def test_kernel_bytes_custom_calls_and_vmem():
+    """A custom call's operand aliased to its output (the Pallas KV write) costs nothing, a
+    KV pool operand costs one layer of it, and arrays in TPU VMEM (``S(1)``) are not HBM."""
+    text = """HloModule m
+
+ENTRY %main (p0: f32[4,256], p1: f32[8,1024], p2: f32[16]) -> (f32[4,256], f32[16]) {
+  %p0 = f32[4,256]{1,0} parameter(0)
+  %p1 = f32[8,1024]{1,0} parameter(1)
+  %p2 = f32[16]{0} parameter(2)
+  %w = f32[4,256]{1,0} custom-call(%p0, %p2), custom_call_target="write", output_to_operand_aliasing={{}: (0, {})}
+  %a = f32[16]{0} custom-call(%p1, %p2), custom_call_target="attend"
+  %v = f32[8,1024]{1,0:S(1)} copy-start(%p1)
+  ROOT %t = (f32[4,256]{1,0}, f32[16]{0}) tuple(%w, %a)
+}
+"""
+    pool = ("f32", (8, 1024))
+    got = hlo.kernel_bytes(text, {pool: 8})["weighted"]
+    write = 16 * 4                                     # only the new rows operand
+    attend = 1024 * 4 + 16 * 4 + 16 * 4                # one of 8 layers, the rows, the result
+    prefetch = 8 * 1024 * 4                            # read from HBM, written to VMEM
+    assert got == write + attend + prefetch
+    assert hlo.kernel_bytes(text)["weighted"] == write + 8 * 1024 * 4 + 16 * 4 + 16 * 4 + prefetch
+
+
+def test_kernel_bytes_looks_into_nested_fusions():
+    """XLA:TPU nests fusions: a stacked weight dynamically sliced inside an inner fusion is
+    charged the slice; one an inner fusion hands on whole (a bitcast root) is charged whole."""
+    text = """HloModule m
+
+%inner_slice (a: f32[32,16], i: s32[]) -> f32[1,16] {
+  %a = f32[32,16]{1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %z = s32[] constant(0)
+  ROOT %ds = f32[1,16]{1,0} dynamic-slice(%a, %i, %z), dynamic_slice_sizes={1,16}
+}
+
+%inner_pass (b: f32[8,8]) -> f32[64] {
+  %b = f32[8,8]{1,0} parameter(0)
+  ROOT %bc = f32[64]{0} bitcast(%b)
+}
+
+%outer (p0: f32[32,16], p1: s32[], p2: f32[8,8]) -> (f32[1,16], f32[64]) {
+  %p0 = f32[32,16]{1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %p2 = f32[8,8]{1,0} parameter(2)
+  %s = f32[1,16]{1,0} fusion(%p0, %p1), kind=kLoop, calls=%inner_slice
+  %w = f32[64]{0} fusion(%p2), kind=kLoop, calls=%inner_pass
+  ROOT %t = (f32[1,16]{1,0}, f32[64]{0}) tuple(%s, %w)
+}
+
+ENTRY %main (x: f32[32,16], i: s32[], y: f32[8,8]) -> (f32[1,16], f32[64]) {
+  %x = f32[32,16]{1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %y = f32[8,8]{1,0} parameter(2)
+  ROOT %f = (f32[1,16]{1,0}, f32[64]{0}) fusion(%x, %i, %y), kind=kLoop, calls=%outer
+}
+"""
+    written = (16 + 64) * 4
+    read = 16 * 4 + 4 + 64 * 4                         # the slice, the index, y whole
+    assert hlo.kernel_bytes(text)["weighted"] == written + read
+
+
 def test_cli_smoke(tmp_path, capsys):
     out = tmp_path / "anatomy.json"
     bench_main(["anatomy", "--random-config", "tiny", "--drafter", "eagle3", "--spec", "2,1,3",

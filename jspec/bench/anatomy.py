@@ -15,6 +15,13 @@ weights and no memory) and reads the compiled executable:
   **XLA's cost analysis counts a while body once**, whatever its trip count: once the layer
   stack is a ``lax.scan``, these are one layer's cost plus everything outside the loop, and
   are not comparable with an unrolled stack's;
+- ``io_MB`` / ``io_x``: HBM bytes every kernel reads and writes, weighted by loop trip
+  counts (:func:`jspec.bench.hlo.kernel_bytes`: slices charged as slices, in-place KV writes
+  as their updates, a Pallas kernel its operands with a KV pool as one layer of it), and the
+  same over the plain step's: comparable across scanned and unrolled stacks and across the
+  reference and the kernels, where ``bytes_MB`` is not. ``io_goal_x``: that over one plain
+  step plus one read of the drafter's parameters (``drafter_bytes``), issue 9's measure of
+  what an iteration costs beyond the target;
 - ``GFLOP_w`` / ``flops_w_x``: flops of the ``dot`` instructions read from the HLO (fused or
   not), weighted by the known trip counts of their enclosing loops (so a scanned layer stack
   counts L times; the draft scan S-1 times), and the same over the plain step's: comparable
@@ -62,7 +69,7 @@ import numpy as np
 
 from jspec import llama, serving_layout
 from jspec.bench import common, configs
-from jspec.bench.hlo import count_kernels, dot_flops, pool_key
+from jspec.bench.hlo import count_kernels, dot_flops, kernel_bytes, pool_key
 from jspec.config import LlamaConfig
 from jspec.decode import PlainDecoder
 from jspec.drafters import Drafter, random_drafter
@@ -72,7 +79,8 @@ from jspec.sampling import SamplingConfig
 from jspec.spec_config import SpecConfig
 from jspec.spec_decode import SpecDecoder, tree_shape
 
-COLUMNS = ["program", "kernels", "per_layer", "layer_body", "bytes_MB", "bytes_x", "GFLOP",
+COLUMNS = ["program", "kernels", "per_layer", "layer_body", "bytes_MB", "bytes_x", "io_MB", "io_x",
+           "io_goal_x", "GFLOP",
            "flops_x", "GFLOP_w", "flops_w_x",
            "temp_MB", "arg_MB", "out_MB", "alias_MB", "compile_s", "pool_copies", "pool_kernels"]
 
@@ -123,11 +131,13 @@ def _memory(compiled) -> dict:
 
 
 def analyse(name: str, fn: Callable, args: tuple, donate=(), pool_shapes=(),
-            num_layers: int = 1, compiler_options: dict | None = None, device=None) -> dict:
+            num_layers: int = 1, compiler_options: dict | None = None, device=None,
+            pool_layers: dict | None = None) -> dict:
     """Compile ``fn(*args)`` (abstract args) and read its anatomy into one table row.
     ``compiler_options``: XLA debug options for this compile only (they override
     ``XLA_FLAGS``; see :data:`DEFAULT_CPU_OPTIONS`). ``device``: compile for this (abstract)
-    device instead of the default one (see :func:`aot_device`)."""
+    device instead of the default one (see :func:`aot_device`). ``pool_layers``: the KV
+    pools' views and layer counts, for :func:`jspec.bench.hlo.kernel_bytes`."""
     if device is not None:
         sh = jax.sharding.SingleDeviceSharding(device)
         args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)
@@ -138,9 +148,11 @@ def analyse(name: str, fn: Callable, args: tuple, donate=(), pool_shapes=(),
     text = compiled.as_text()
     k = count_kernels(text, pool_shapes, num_layers)
     df = dot_flops(text)
+    io = kernel_bytes(text, pool_layers)
     row = {"program": name, **k, "per_layer": k["kernels"] / num_layers, **_cost(compiled),
            **_memory(compiled), "compile_s": compile_s, "dot_flops_once": df["once"],
-           "dot_flops_w": df["weighted"], "GFLOP_w": df["weighted"] / 1e9}
+           "dot_flops_w": df["weighted"], "GFLOP_w": df["weighted"] / 1e9, "io_bytes": io["weighted"],
+           "io_MB": io["weighted"] / 1e6}
     mb = lambda b: b / 1e6
     row.update(bytes_MB=mb(row["bytes"]), GFLOP=row["flops"] / 1e9, temp_MB=mb(row["temp_bytes"]),
                arg_MB=mb(row["arg_bytes"]), out_MB=mb(row["out_bytes"]),
@@ -301,21 +313,31 @@ def _anatomy(cfg, kind, spec, batch, context, max_new, page_size, temperature, d
         keys = [k for x in spools.values() for k in pool_key(x)]
         all_progs.update({k: (*v, keys) for k, v in progs.items()})
         S, N = tree_shape(drafter.module, spec)
+        info["drafter_bytes"] = float(sum(np.prod(x.shape, dtype=np.float64) *
+                                          np.dtype(x.dtype).itemsize
+                                          for x in jax.tree.leaves(drafter.params)))
         info.update(drafter=kind, spec=None if spec is None else
                     [spec.num_steps, spec.topk, spec.num_draft_tokens], tree_depth=S, tree_nodes=N,
                     draft_vocab=getattr(drafter.module, "draft_vocab", None))
+    pool_layers = {k: x.shape[0] for x in pools.values() for k in pool_key(x)}
     for name, (f, a, d, keys) in all_progs.items():
         if not want(name):
             continue
         if log:
             log(f"compiling {name} ...")
-        rows.append(analyse(name, f, a, d, keys, cfg.num_layers, compiler_options, device))
+        rows.append(analyse(name, f, a, d, keys, cfg.num_layers, compiler_options, device,
+                            pool_layers))
     base = next((r for r in rows if r["program"] == "plain_step"), None)
     for r in rows:
         r["bytes_x"] = r["bytes"] / base["bytes"] if base and base["bytes"] else float("nan")
         r["flops_x"] = r["flops"] / base["flops"] if base and base["flops"] else float("nan")
         r["flops_w_x"] = (r["dot_flops_w"] / base["dot_flops_w"] if base and base["dot_flops_w"]
                           else float("nan"))
+        r["io_x"] = r["io_bytes"] / base["io_bytes"] if base and base["io_bytes"] else float("nan")
+        # Issue 9's bytes goal: an iteration against one plain step plus one read of the
+        # drafter's weights (what a drafter that cost nothing beyond its parameters would add).
+        r["io_goal_x"] = (r["io_bytes"] / (base["io_bytes"] + info.get("drafter_bytes", 0.0))
+                          if base and base["io_bytes"] else float("nan"))
     info.update(pool_shapes={k: [np.dtype(v.dtype).name, list(v.shape)] for k, v in pools.items()},
                 batch=batch, context=context, max_new=max_new, page_size=page_size,
                 dtype=cfg.dtype, num_layers=cfg.num_layers, temperature=temperature,
