@@ -51,6 +51,17 @@ INSTALL = {"tpu": "pip install -e '.[tpu-aot]'",
                   f"{GPU_PYTHON_ENV}; see README)"}
 
 
+# HBM per chip, by ``device_kind`` (published capacities; XLA:TPU's own limit for v5p read
+# 95.74 GiB in an out-of-memory message here), to set compiled programs' memory against.
+HBM_BYTES = {"TPU v5 lite": 16 * 2**30, "TPU v6 lite": 32 * 2**30, "TPU v5": 95 * 2**30,
+             "NVIDIA H200": 141e9}
+
+
+def hbm_bytes(dev) -> float | None:
+    """HBM of an (abstract) device's chip, or None for a kind not in :data:`HBM_BYTES`."""
+    return HBM_BYTES.get(getattr(dev, "device_kind", None))
+
+
 class CompilerMissing(RuntimeError):
     """The target's compiler is not installed in this interpreter."""
 

@@ -24,6 +24,13 @@ Otherwise the kernels get the whole stacked pools ``[L, KVH, P, page_size, D]`` 
 (traced, inside the layer scan) layer index, and read the layer's pages in place: no
 per-layer pool slice is materialised before the custom call.
 
+Under a device mesh the decoders run inside a ``shard_map`` that is manual over ``data``
+(:func:`jspec.sharding.per_data_shard`) and leave ``model`` to XLA's partitioner, which cannot
+split a Mosaic or Triton custom call: each kernel call therefore runs inside a nested
+``shard_map`` over ``model`` (:func:`per_device`), on the device's own KV heads (the pools'
+KV-head axis is what ``model`` splits) with everything else replicated. That needs the KV
+heads to divide over ``model``; where they do not, ``"auto"`` resolves to the reference.
+
 The tree-attention kernel serves every block of at most 64 queries that is a square window
 (plain decode, N = 1, and tree verification). Prefill blocks (longer prompts) and a
 drafter's tree-loop window (K queries over S*K transient slots) are not what it is for:
@@ -38,6 +45,7 @@ import threading
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from jspec.attention import Block, full_mask, paged_attention_ref
 from jspec.platform import target_platform
@@ -76,6 +84,50 @@ def _concrete(mode: str) -> None:
                          f"first (concrete modes: {CONCRETE})")
 
 
+# --------------------------------------------------------------------------- meshes
+def _partitioned_axes():
+    """``{axis: size}`` of the mesh axes that XLA's partitioner owns where this is traced
+    (inside the decoders' ``per_data_shard``: ``model``, of any size: interpret mode's
+    callbacks need every axis manual); empty off a mesh."""
+    m = jax.sharding.get_abstract_mesh()
+    if m.empty:
+        return {}
+    manual = set(getattr(m, "manual_axes", ()))
+    return {a: n for a, n in m.shape.items() if a not in manual}
+
+
+def model_split() -> int:
+    """How many ways the partitioner splits ``model`` here (1 off a mesh)."""
+    return _partitioned_axes().get("model", 1)
+
+
+def heads_axis(num_kv_heads: int):
+    """The spec entry of a KV-head axis for :func:`per_device` (None where ``model`` does not
+    split); an error when the heads do not divide over it (``resolve`` refuses that first)."""
+    m = model_split()
+    if m == 1:
+        return None
+    if num_kv_heads % m:
+        raise ValueError(f"{num_kv_heads} KV heads do not split over a 'model' axis of {m}: the "
+                         f"Pallas kernels cannot run here (kernels='auto' picks the reference)")
+    return "model"
+
+
+def per_device(fn, args: tuple, in_specs: tuple, out_specs):
+    """``fn(*args)``, a Pallas kernel call. Off a mesh: directly. Under one, inside a
+    ``shard_map`` over the partitioner's axes (``model``), so each device runs the kernel on
+    its own block: ``in_specs`` / ``out_specs`` name the axes ``model`` splits (KV heads),
+    everything else is replicated."""
+    axes = _partitioned_axes()
+    if not axes:
+        return fn(*args)
+    if any(n > 1 for a, n in axes.items() if a != "model"):
+        raise ValueError(f"the Pallas kernels run under a (data, model) mesh; this one also "
+                         f"partitions {sorted(set(axes) - {'model'})}")
+    return jax.shard_map(fn, in_specs=in_specs, out_specs=out_specs, axis_names=set(axes),
+                         check_vma=False)(*args)
+
+
 class KernelAttention:
     """The Pallas tree-attention kernel as an attention backend (``prepare`` once per
     forward, call once per layer; see :mod:`jspec.attention`). Blocks the kernel is not
@@ -95,7 +147,11 @@ class KernelAttention:
         bits = pack_mask(mask)
         rows = None
         if _padded_head_dim(D, self.backend) == D:     # padded (tiny) models prepare per call
-            rows = row_inputs(q, cache.k_pages, cache.page_table, bits, backend=self.backend,
+            m = model_split()                          # the shapes each device's kernel sees
+            k = cache.k_pages
+            kh = jax.ShapeDtypeStruct(k.shape[:-4] + (k.shape[-4] // m,) + k.shape[-3:], k.dtype)
+            rows = row_inputs(jax.ShapeDtypeStruct((B, T, H // m, D), q.dtype), kh,
+                              cache.page_table, bits, backend=self.backend,
                               interpret=self.interpret)
         return Block(mask=mask, mask_bits=bits, rows=rows)
 
@@ -120,8 +176,14 @@ class KernelAttention:
         R, D]``, already finite) of layer ``layer`` at flat ``slots [B*T]``
         (:func:`jspec.kv_cache.write_slots`)."""
         from pallas_kernels.kv_write import kv_write_tpu
-        k, v = kv_write_tpu(rows, cache.k_pages, cache.v_pages, slots, jnp.asarray(layer, jnp.int32),
-                            T=T, k_row0=k_row0, v_row0=v_row0, interpret=self.interpret)
+
+        def write(rows, k, v, slots, layer):
+            return kv_write_tpu(rows, k, v, slots, layer, T=T, k_row0=k_row0, v_row0=v_row0,
+                                interpret=self.interpret)
+        h = heads_axis(cache.k_pages.shape[-4])
+        k, v = per_device(write, (rows, cache.k_pages, cache.v_pages, slots,
+                                  jnp.asarray(layer, jnp.int32)),
+                          (P(None, h), P(None, h), P(None, h), P(), P()), (P(None, h), P(None, h)))
         return cache.replace(k_pages=k, v_pages=v)
 
     def __call__(self, q, cache, layer, block_mask=None, grouped=None):
@@ -132,20 +194,27 @@ class KernelAttention:
         block = block_mask if isinstance(block_mask, Block) else self.prepare(cache, block_mask, q)
         if block.mask_bits is None:
             return paged_attention_ref(q, cache, layer, block)
-        layer = jnp.asarray(layer, jnp.int32)
-        k, v = cache.k_pages, cache.v_pages      # the stacked [L, KVH, P, ps, D] pools, no slice
         Dp = _padded_head_dim(D, self.backend)
-        if Dp != D:
-            # Tiny test models only: a padded copy of this layer's pools (slice + pad, one
-            # fused copy of one layer; padding the whole stack would copy L layers per call).
-            pad = lambda x: jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, Dp - D)])
-            q = pad(q * jnp.asarray((Dp / D) ** 0.5, q.dtype))
-            k, v, layer = pad(k[layer])[None], pad(v[layer])[None], jnp.int32(0)
-        out = tree_attention(q, k, v, cache.page_table, cache.lengths, block.mask_bits,
-                             layer, backend=self.backend, interpret=self.interpret,
-                             prepared=block.rows,
-                             grouped=grouped if self.backend == "tpu" and Dp == D else None)
-        return out[..., :D]
+        grouped = grouped if self.backend == "tpu" and Dp == D else None
+
+        def attend(q, k, v, page_table, lengths, bits, layer, rows, grouped):
+            # k, v: the stacked [L, KVH, P, ps, D] pools, no slice
+            if Dp != D:
+                # Tiny test models only: a padded copy of this layer's pools (slice + pad, one
+                # fused copy of one layer; padding the whole stack would copy L layers per call).
+                pad = lambda x: jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, Dp - D)])
+                q = pad(q * jnp.asarray((Dp / D) ** 0.5, q.dtype))
+                k, v, layer = pad(k[layer])[None], pad(v[layer])[None], jnp.int32(0)
+            out = tree_attention(q, k, v, page_table, lengths, bits, layer,
+                                 backend=self.backend, interpret=self.interpret, prepared=rows,
+                                 grouped=grouped)
+            return out[..., :D]
+        h = heads_axis(cache.k_pages.shape[-4])
+        return per_device(attend, (q, cache.k_pages, cache.v_pages, cache.page_table,
+                                   cache.lengths, block.mask_bits, jnp.asarray(layer, jnp.int32),
+                                   block.rows, grouped),
+                          (P(None, None, h), P(None, h), P(None, h), P(), P(), P(), P(), P(),
+                           P(None, h)), P(None, None, h))
 
 
 def attention_fn(mode: str):
@@ -251,8 +320,11 @@ def resolve(mode: str, config, *, page_size: int = 16, num_nodes: int = 1,
     the walk's S (None: no verify walk, plain decoding); ``greedy``: greedy or sampling walk;
     ``batch``, ``max_pages`` (page-table width), ``num_pages`` (pool size): the cache shape.
 
-    ``"auto"`` -> ``"reference"`` on CPU, under a multi-device mesh, or when the kernels
-    cannot express the shapes (info log); otherwise the kernels are compiled once per
+    ``mesh``: the shapes are those of one device (its data shard's rows, its model shard's
+    heads); heads that do not divide over ``model`` cannot run the kernels.
+
+    ``"auto"`` -> ``"reference"`` on CPU, or when the kernels cannot express the shapes
+    (info log); otherwise the kernels are compiled once per
     shape key, and a compile error resolves to ``"reference"`` with a warning. ``"pallas"``
     and the interpret modes are checked the same way statically but raise ``ValueError``
     instead of falling back (interpret mode keeps its backend's tile limits).
@@ -261,6 +333,19 @@ def resolve(mode: str, config, *, page_size: int = 16, num_nodes: int = 1,
     if mode == "reference":
         return mode
     backend = default_backend() if mode == "auto" else _backend(mode)
+    if mesh is not None and mesh.size > 1:
+        # Each device's kernel sees its data shard's rows and its model shard's heads.
+        model = mesh.shape.get("model", 1)
+        if config.num_kv_heads % model or config.num_heads % model:
+            why = (f"{config.num_kv_heads} KV heads / {config.num_heads} heads do not split "
+                   f"over the mesh's 'model' axis of {model}")
+            if mode != "auto":
+                raise ValueError(f"kernels={mode!r} cannot run on this mesh: {why}")
+            log.info("kernels='auto': reference (%s)", why)
+            return "reference"
+        config = config.replace(num_heads=config.num_heads // model,
+                                num_kv_heads=config.num_kv_heads // model)
+        batch = max(1, batch // mesh.shape.get("data", 1))
     if max_pages is None:
         max_pages = -(-(num_nodes + page_size) // page_size)
     if num_pages is None:
@@ -276,10 +361,6 @@ def resolve(mode: str, config, *, page_size: int = 16, num_nodes: int = 1,
         return mode
     if backend not in ("tpu", "gpu"):
         log.debug("kernels='auto' on %s: reference (no compiled Pallas kernels)", backend)
-        return "reference"
-    if mesh is not None and mesh.size > 1:
-        log.info("kernels='auto': reference (the Pallas kernels do not run under a %d-device "
-                 "mesh yet)", mesh.size)
         return "reference"
     try:
         problem = static_problem(backend, key, pad_head_dim=False)

@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import PartitionSpec as P
 
 from jspec import kernels, kv_cache as kvc
 from jspec.config import LlamaConfig
@@ -150,17 +151,21 @@ class SpecDecoder:
         argmax = jnp.argmax(logits, -1).astype(jnp.int32)
         if self.sampling.greedy and self.kernels == "reference":
             return greedy_walk(tree, argmax, S)
+        impl = kernels.walk_impl(self.kernels)
+        # The walk kernel on every device of a model axis (its inputs are small; per_device).
         if self.sampling.greedy:
-            return verify_walk_greedy(tree.tokens, tree.first_child, tree.next_sibling, argmax,
-                                      max_depth=S, impl=kernels.walk_impl(self.kernels))
+            args = (tree.tokens, tree.first_child, tree.next_sibling, argmax)
+            return kernels.per_device(lambda *a: verify_walk_greedy(*a, max_depth=S, impl=impl),
+                                      args, (P(),) * len(args), P())
         probs = target_probs(logits, self.sampling)
         ka, kb = jax.vmap(jax.random.split, out_axes=1)(keys)
         u_acc = jax.vmap(lambda k: jax.random.uniform(k, (tree.num_nodes,)))(ka)
         u_bonus = jax.vmap(jax.random.uniform)(kb)
         if self.kernels == "reference":
             return tree_sample_walk(tree, probs, u_acc, u_bonus, S)
-        return verify_walk_sample(tree.tokens, tree.first_child, tree.next_sibling, probs, u_acc,
-                                  u_bonus, max_depth=S, impl=kernels.walk_impl(self.kernels))
+        args = (tree.tokens, tree.first_child, tree.next_sibling, probs, u_acc, u_bonus)
+        return kernels.per_device(lambda *a: verify_walk_sample(*a, max_depth=S, impl=impl),
+                                  args, (P(),) * len(args), P())
 
     def force_accept(self, tree, logits, keys):
         """Benchmark mode: accept a forced number of nodes per iteration (mean

@@ -27,3 +27,24 @@ def test_plan_kv_scales_with_both_axes_and_no_collective_crosses_data(tmp_path):
     assert any(c["op"] == "all-reduce" and "dot_general" in c["source"] for c in coll)
     assert all(c["group"] in (None, 2) for c in coll), coll
     assert plan["xla"]["argument"] > 0
+
+
+def test_plan_topology_falls_back_to_cpu_devices_and_pallas_needs_one(tmp_path):
+    """Without libtpu, --topology compiles on simulated CPU devices (with a note); the Mosaic
+    kernels need a topology."""
+    import importlib.util
+    import pytest
+    if importlib.util.find_spec("libtpu") is not None:
+        pytest.skip("libtpu is installed: --topology compiles for the chips here")
+    out = tmp_path / "plan.json"
+    args = [sys.executable, "-m", "jspec.bench", "plan", "--config", "tiny", "--mesh", "4x2",
+            "--batch", "8", "--context", "64"]
+    proc = subprocess.run(args + ["--topology", "v5e:2x4", "--json", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "falling back to simulated CPU devices" in proc.stdout
+    info = json.loads(out.read_text())["info"]
+    assert info["kernels"] == "reference" and info["fits"] and info["iteration_io_MB"] > 0
+    proc = subprocess.run(args + ["--kernels", "pallas"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode != 0 and "needs --topology" in proc.stderr + proc.stdout

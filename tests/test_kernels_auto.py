@@ -106,13 +106,25 @@ def test_static_refusal_is_info_for_auto_and_error_for_pallas(monkeypatch, caplo
     assert kernels.resolve("pallas", GPU_CFG) == "pallas"
 
 
-def test_multi_device_mesh_is_reference(monkeypatch):
+def test_mesh_resolution_needs_heads_that_split(monkeypatch):
+    """Under a mesh the kernels run per device on its KV heads: heads that do not divide over
+    ``model`` resolve to the reference (auto) or are refused (explicit), before probing; heads
+    that do are probed at one device's shapes."""
     monkeypatch.setattr(kernels, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(kernels, "probe", lambda mode, key: pytest.fail("must not probe"))
+    probed = []
+    monkeypatch.setattr(kernels, "probe", lambda mode, key: probed.append(key))
 
     class Mesh:
-        size = 2
-    assert kernels.resolve("auto", GPU_CFG, mesh=Mesh()) == "reference"
+        def __init__(self, data, model):
+            self.size, self.shape = data * model, {"data": data, "model": model}
+    cfg = GPU_CFG                                  # 4 heads, 2 KV heads
+    assert kernels.resolve("auto", cfg, mesh=Mesh(2, 4), batch=8) == "reference"
+    with pytest.raises(ValueError, match="do not split over the mesh's 'model' axis of 4"):
+        kernels.resolve("pallas_interpret", cfg, mesh=Mesh(2, 4))
+    assert not probed
+    assert kernels.resolve("auto", cfg, mesh=Mesh(4, 2), batch=8) == "pallas"
+    (key,) = probed
+    assert (key[1], key[2], key[9]) == (2, 1, 2)   # heads, KV heads and rows of one device
 
 
 def test_generate_resolves_before_building_decoders(monkeypatch, caplog):

@@ -27,6 +27,8 @@ def test_building_for_switches_the_platform_choices(monkeypatch):
         assert target_platform() == "tpu" and kernels.default_backend() == "tpu"
         assert serving_layout.default_stacked()
         assert not _has_barrier(x)               # one plain contraction on TPU
+    with building_for("gpu"):                    # XLA:GPU copies a scanned layer's weights
+        assert not serving_layout.default_stacked()
     assert target_platform() == host
     if host == "cpu":
         assert not serving_layout.default_stacked()
@@ -140,3 +142,25 @@ def test_tpu_mesh_kv_write_moves_no_pool():
     pool_bytes_per_device = kv["MB/device"] * 2**20 / 2      # one of k and v
     worst = max(p.collectives, key=lambda c: c["bytes"])
     assert worst["bytes"] < pool_bytes_per_device / 8, worst
+
+
+@pytest.mark.tpu_aot
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu not installed")
+def test_tpu_mesh_compiles_with_mosaic_kernels_per_device():
+    """The whole speculative program with the Mosaic kernels on a v5e 2x4 slice: each kernel
+    call sits inside a shard_map over ``model`` (jspec.kernels.per_device), so the kernels
+    compile, and none of them makes the partitioner gather a pool."""
+    from jspec.bench import plan as plan_mod
+    from jspec.sharding import make_mesh
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=512, intermediate_size=1024, num_layers=4,
+                      num_heads=8, num_kv_heads=4, head_dim=128, dtype="bfloat16")
+    mesh = make_mesh(2, 4, plan_mod.tpu_devices("v5e:2x4", 8))
+    p = plan_mod.plan(cfg, "eagle3", mesh, batch=4, context=512, kernels="pallas",
+                      plain_step=True)
+    assert p.info["fits"] and p.info["kernels"] == "pallas"
+    assert p.info["pallas_calls"] >= 3, p.info        # attention, KV write and walk at least
+    assert p.info["hbm_GB"] == 17.2 and 0 < p.info["used_of_hbm"] < 1, p.info
+    assert 0 < p.info["plain_step_io_MB"] < p.info["iteration_io_MB"], p.info
+    kv = next(m for m in p.memory if m["what"].startswith("target KV"))
+    worst = max(p.collectives, key=lambda c: c["bytes"])
+    assert worst["bytes"] < kv["MB/device"] * 2**20 / 2 / 8, worst

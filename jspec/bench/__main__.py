@@ -76,9 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-new", type=int, default=128)
     s.add_argument("--page-size", type=int, default=16)
     s.add_argument("--dtype", default=None)
-    s.add_argument("--aot", metavar="TOPOLOGY", default=None,
-                   help="compile for a TPU topology's abstract chips (e.g. v5e:2x4, v5p:2x2x2; "
-                        "needs libtpu) instead of simulated CPU devices")
+    s.add_argument("--topology", "--aot", dest="aot", metavar="TOPOLOGY", default=None,
+                   help="compile for a TPU topology's abstract chips (e.g. v5e:2x4, v5e:8x8, "
+                        "v6e:2x2 with --mesh 1x1 for one chip; needs libtpu, else simulated CPU "
+                        "devices) instead of simulated CPU devices")
+    s.add_argument("--hlo", metavar="FILE", help="also write the compiled program's HLO")
+    s.add_argument("--plain-step", action="store_true",
+                   help="also compile plain decoding on the mesh: one plain step's HBM bytes "
+                        "per device beside one iteration's")
+    s.add_argument("--kernels", default="auto", choices=["auto", "reference", "pallas"],
+                   help="auto: the Pallas kernels when compiling for a topology, else the "
+                        "reference")
     s.add_argument("--trace-for", default="tpu", choices=["tpu", "gpu", "cpu"],
                    help="the platform whose code paths are traced (compiled for CPU devices)")
     s.add_argument("--json", metavar="OUT")
@@ -112,9 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--layout", choices=["scan", "per-layer"], default="scan",
                    help="target weights: the stacked, scanned layer stack TPUs/GPUs run "
                         "(default) or the per-layer weights CPUs run")
-    s.add_argument("--aot", choices=["v5e", "v6e", "v5p"], default=None,
-                   help="compile for this TPU generation on this host, without a TPU (needs "
-                        "libtpu: the tpu extra); the counts are then the TPU program's")
+    s.add_argument("--topology", "--aot", dest="aot", default=None,
+                   choices=["v5e", "v6e", "v5p", "h200", "v5e:2x2", "v6e:2x2", "v5p:2x2x1"],
+                   help="compile for one chip of this accelerator on this host, without one "
+                        "(TPU: libtpu, the tpu-aot extra; h200: the gpu-aot extra, run with "
+                        "JAX_PLATFORMS=cpu); the counts are then that chip's program's")
     s.add_argument("--kernels", choices=["reference", "pallas"], default="reference",
                    help="attention and verify walk: the jnp reference or the Pallas kernels "
                         "(TPU/GPU, e.g. with --aot)")

@@ -167,20 +167,27 @@ def analyse(name: str, fn: Callable, args: tuple, donate=(), pool_shapes=(),
 DEFAULT_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": True}
 
 
-# Deviceless TPU compiles (DESIGN.md section 6): a named target's abstract device (jspec.aot).
-AOT_TARGETS = ("v5e", "v6e", "v5p")
+# Deviceless compiles (DESIGN.md section 6): a named target's abstract device (jspec.aot);
+# a topology name stands for its target (one chip of it).
+AOT_TARGETS = ("v5e", "v6e", "v5p", "h200")
+
+
+def aot_target(name: str) -> str:
+    from jspec import aot as targets          # (``aot`` is anatomy()'s argument)
+    name = next((t.name for t in targets.TARGETS.values() if name == t.topology), name)
+    if name not in AOT_TARGETS:
+        raise ValueError(f"--topology {name!r}: choose one of {sorted(AOT_TARGETS)}")
+    return name
 
 
 def aot_device(name: str):
-    """The first device of a TPU generation's topology, for compiling without one (needs
-    ``libtpu``: the ``tpu-aot`` extra)."""
-    if name not in AOT_TARGETS:
-        raise ValueError(f"--aot {name!r}: choose one of {sorted(AOT_TARGETS)}")
-    from jspec import aot as targets          # (``aot`` is anatomy()'s argument)
+    """The first device of a target's topology, for compiling without one (TPU: ``libtpu``,
+    the ``tpu-aot`` extra; ``h200``: the ``gpu-aot`` extra)."""
+    from jspec import aot as targets
     try:
-        return targets.device(name)
+        return targets.device(aot_target(name))
     except targets.CompilerMissing as e:
-        raise SystemExit(f"--aot {e}") from None
+        raise SystemExit(f"--topology {e}") from None
 
 
 # ------------------------------------------------------------------ programs
@@ -290,7 +297,11 @@ def anatomy(cfg: LlamaConfig, kind: str | None = "eagle3", spec: SpecConfig | No
     :func:`analyse`; ``aot``: compile for that TPU generation without one
     (:data:`AOT_TARGETS`), tracing as for TPU (:func:`jspec.platform.building_for`)."""
     device = aot_device(aot) if aot is not None else None
-    with building_for("tpu") if aot is not None else contextlib.nullcontext():
+    platform = None
+    if aot is not None:
+        from jspec import aot as targets
+        platform = targets.target(aot_target(aot)).platform
+    with building_for(platform) if platform else contextlib.nullcontext():
         return _anatomy(cfg, kind, spec, batch, context, max_new, page_size, temperature,
                         draft_vocab, programs, log, stacked, compiler_options, device, kernels)
 
@@ -338,6 +349,10 @@ def _anatomy(cfg, kind, spec, batch, context, max_new, page_size, temperature, d
         # drafter's weights (what a drafter that cost nothing beyond its parameters would add).
         r["io_goal_x"] = (r["io_bytes"] / (base["io_bytes"] + info.get("drafter_bytes", 0.0))
                           if base and base["io_bytes"] else float("nan"))
+    if device is not None:
+        from jspec import aot as targets
+        hbm = targets.hbm_bytes(device)
+        info.update(chip=device.device_kind, hbm_GB=None if hbm is None else round(hbm / 1e9, 1))
     info.update(pool_shapes={k: [np.dtype(v.dtype).name, list(v.shape)] for k, v in pools.items()},
                 batch=batch, context=context, max_new=max_new, page_size=page_size,
                 dtype=cfg.dtype, num_layers=cfg.num_layers, temperature=temperature,
@@ -364,7 +379,7 @@ def main(args) -> dict:
     result = anatomy(cfg, kind, parse_spec(args.spec), args.batch, args.context, args.max_new,
                      args.page_size, args.temperature, args.draft_vocab, args.programs, log=log,
                      stacked=args.layout == "scan", aot=args.aot, kernels=args.kernels)
-    backend = f"tpu {args.aot} (deviceless AOT)" if args.aot else jax.default_backend()
+    backend = f"{args.aot} (deviceless AOT)" if args.aot else jax.default_backend()
     result["info"] = {"config": name, "layout": args.layout, **result["info"], "jax": jax.__version__,
                       "backend": backend, "load_avg": common.load_avg()}
     print(render(result, "compiled-program anatomy (counts: while/scan bodies once; "

@@ -366,7 +366,21 @@ def _param_read(comps: dict, comp: list[Instr], name: str, full: float) -> float
     return min(full, read)
 
 
-def kernel_bytes(text: str, pool_layers: dict | None = None, detail: list | None = None) -> dict:
+def decode_loop_body(comps: dict, entry: str) -> str | None:
+    """The body of the generate loop: of the ENTRY computation's ``while`` loops, the one
+    without a fixed trip count (it runs until every row is done; a prefill's scanned layer
+    stack also sits in ENTRY, with its trip count), the biggest if several; None without
+    one."""
+    loops = [i for i in comps[entry] if i.opcode == "while"]
+    open_ended = [i for i in loops if _loop_trips(i.attrs, comps) is None]
+    if not loops:
+        return None
+    return max((_called(i.attrs, ("body",))[0] for i in (open_ended or loops)),
+               key=lambda c: len(comps.get(c, [])))
+
+
+def kernel_bytes(text: str, pool_layers: dict | None = None, detail: list | None = None,
+                 root: str | None = None) -> dict:
     """HBM bytes the kernels of an optimized module read and write, by the kernel rule of
     :func:`count_kernels`, ``weighted`` by the trip counts of their loops (a scanned layer
     stack counts ``L`` times, the draft scan ``S - 1`` times; a loop of unknown trip count,
@@ -383,8 +397,14 @@ def kernel_bytes(text: str, pool_layers: dict | None = None, detail: list | None
     Arrays placed in VMEM (TPU ``S(1)``) are not HBM traffic. Unlike XLA's "bytes accessed"
     this sees into Pallas kernels' operands and does not charge in-place writes the pool, so
     programs with and without kernels compare. ``detail``: a list that receives
-    ``(weighted bytes, computation, instruction, opcode, result shape)`` per kernel."""
+    ``(weighted bytes, computation, instruction, opcode, result shape)`` per kernel.
+    ``root``: count from this computation instead of ENTRY (``"decode loop"``: one iteration
+    of the generate loop, :func:`decode_loop_body`)."""
     comps, entry = parse_hlo(text)
+    if root == "decode loop":
+        root = decode_loop_body(comps, entry)
+        if root is None:
+            return {"once": float("nan"), "weighted": float("nan")}
     shapes = {c: {i.name: i.shape for i in ins} for c, ins in comps.items()}
     out = {"once": 0.0, "weighted": 0.0}
     seen = set()
@@ -446,5 +466,5 @@ def kernel_bytes(text: str, pool_layers: dict | None = None, detail: list | None
             out["weighted"] += b * mult
             out["once"] += b if first else 0.0
 
-    walk(entry, 1, True)
+    walk(root or entry, 1, True)
     return out

@@ -15,8 +15,11 @@ a laptop). It prints:
   body, nested loops counted by their trip counts): op, result shape, bytes per device,
   group size, how many run per iteration, and where it comes from (the op's source line).
 
-``--aot v5e:8x8`` compiles for that TPU topology's abstract chips instead (deviceless, with
-libtpu): XLA's TPU memory analysis and TPU collectives, where the CPU compile upcasts bf16
+``--topology v5e:8x8`` (or ``--aot``) compiles for that TPU topology's abstract chips instead
+(deviceless, with libtpu; without it, a note and the simulated CPU devices), ``--topology
+h200 --mesh 1x1`` for one abstract H200 (the gpu-aot extra), with the Mosaic / Triton
+kernels inside ``shard_map`` over ``model`` (``--kernels``, default: what ``generate``'s
+"auto" picks there): XLA's TPU memory analysis and TPU collectives, where the CPU compile upcasts bf16
 weights for its dots and plans memory for a CPU. The command re-runs itself in a child
 process with ``JAX_PLATFORMS=cpu`` and
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (N = DATA x MODEL), so it never starts
@@ -32,6 +35,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -41,8 +45,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jspec import aot
 from jspec.bench import common, configs
 from jspec.bench.anatomy import Setup, abstract_drafter, abstract_target_params, parse_spec
-from jspec.bench.hlo import _called, _loop_trips, parse_hlo
+from jspec.bench.hlo import _called, _loop_trips, decode_loop_body, kernel_bytes, parse_hlo,\
+    pool_key
 from jspec.platform import building_for
+from jspec.serving_layout import default_stacked
 from jspec.sampling import SamplingConfig
 from jspec.spec_decode import SpecDecoder, tree_shape
 
@@ -108,11 +114,9 @@ def loop_collectives(text: str, devices: int = 0) -> list[dict]:
     (the generate loop; the prefill runs before it), with multiplicity from nested loops'
     trip counts. Identical (op, shape, group, source) rows are merged."""
     comps, entry = parse_hlo(text)
-    loops = [i for i in comps[entry] if i.opcode == "while"]
-    if not loops:
+    body = decode_loop_body(comps, entry)
+    if body is None:
         return []
-    # The generate loop is the ENTRY while with the biggest body.
-    body = max((_called(i.attrs, ("body",))[0] for i in loops), key=lambda c: len(comps.get(c, [])))
     rows: Counter = Counter()
 
     def visit(name: str, mult: int, seen: tuple):
@@ -172,18 +176,25 @@ class Plan:
 
 def plan(cfg, kind: str | None, mesh, *, spec=None, batch: int = 8, context: int = 2048,
          max_new: int = 128, page_size: int = 16, draft_vocab: int | None = None,
-         platform: str = "tpu", log=None) -> Plan:
+         platform: str = "tpu", log=None, kernels: str = "reference",
+         plain_step: bool = False, hlo_out: str | None = None) -> Plan:
     """Compile the speculative program on ``mesh`` from abstract inputs; see module doc.
     ``platform``: the platform the program is *traced* for (:func:`jspec.platform.building_for`:
     the code paths a TPU or GPU run takes, e.g. no CPU-only live-length buckets); it is
-    compiled for the simulated CPU devices either way."""
+    compiled for the mesh's devices (simulated CPU ones, or a topology's abstract chips).
+    ``kernels``: ``"reference"`` or ``"pallas"`` (the platform's kernels, each call inside a
+    ``shard_map`` over ``model``: :func:`jspec.kernels.per_device`; compiles only for real
+    chips' devices). ``plain_step``: also compile plain decoding on the mesh and report one
+    plain step's HBM bytes per device beside one iteration's (``iteration_io_MB``:
+    :func:`jspec.bench.hlo.kernel_bytes` of the generate loop's body). ``hlo_out``: write the
+    compiled program's optimized HLO there."""
     with building_for(platform):
         return _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab,
-                     platform, log)
+                     platform, log, kernels, plain_step, hlo_out)
 
 
 def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab, platform,
-          log) -> Plan:
+          log, kernels="reference", plain_step=False, hlo_out=None) -> Plan:
     from jspec.sharding import (batch_sharding, drafter_shardings, kv_pages_spec,
                                 packed_param_shardings)
 
@@ -193,7 +204,7 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
     if batch % data:
         raise ValueError(f"batch {batch} does not split over data={data}")
     setup = Setup(cfg, batch, context, max_new, page_size)
-    params = abstract_target_params(cfg, stacked=True)
+    params = abstract_target_params(cfg, stacked=default_stacked())   # as generate() runs it
     pshard = packed_param_shardings(mesh, params)
     params = _with_shardings(params, pshard)
     repl = NamedSharding(mesh, P())
@@ -224,8 +235,13 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
     dshard = drafter_shardings(drafter, cfg, mesh)
     dparams = _with_shardings(nn.unbox(drafter.params), dshard)
     add(f"{kind} params", dparams, dshard)
+    if kernels != "reference":    # the refusals generate() makes, before compiling
+        from jspec.kernels import resolve
+        kernels = resolve(kernels, cfg, page_size=page_size, num_nodes=N, max_depth=S,
+                          batch=batch, max_pages=a["table"].shape[1], num_pages=a["num_pages"],
+                          mesh=mesh)
     dec = SpecDecoder(cfg, drafter.module, spec, SamplingConfig(0.0), a["cap_new"], page_size,
-                      a["num_pages"], 0.0, mesh, "reference")
+                      a["num_pages"], 0.0, mesh, kernels)
     rows = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding(mesh, len(x.shape)))
     args = (params, dparams, rows(a["prompt"]), rows(a["lens"]), rows(a["table"]),
             rows(a["table"]), rows(a["stop"]), rows(a["limits"]),
@@ -248,7 +264,7 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
         add(name, {"k": whole(cache.k_pages), "v": whole(cache.v_pages)}, {"k": sh, "v": sh})
     info.update(drafter=kind, spec=None if spec is None else
                 f"{spec.num_steps},{spec.topk},{spec.num_draft_tokens}",
-                pages=a["num_pages"], page_size=page_size)
+                pages=a["num_pages"], page_size=page_size, kernels=kernels)
     t0 = time.perf_counter()
     if log:
         log(f"lowering and compiling for a {data}x{model} mesh ...")
@@ -265,7 +281,66 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
     m = compiled.memory_analysis()
     xla = {k: getattr(m, f"{k}_size_in_bytes", 0) / 2**20
            for k in ("argument", "output", "temp", "alias", "generated_code")} if m else {}
-    return Plan(info, memory, xla, loop_collectives(compiled.as_text(), data * model))
+    hbm = aot.hbm_bytes(mesh.devices.flat[0])
+    if hbm and m is not None:
+        used = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes \
+            + m.temp_size_in_bytes
+        info.update(hbm_GB=round(hbm / 1e9, 1), used_GB=round(used / 1e9, 2),
+                    used_of_hbm=round(used / hbm, 3))
+    text = compiled.as_text()
+    if hlo_out:
+        Path(hlo_out).write_text(text)
+    info["pallas_calls"] = len(re.findall(r'custom_call_target="(tpu_custom_call|__gpu\$xla'
+                                          r'\.gpu\.triton)"', text))
+    # HBM bytes of one iteration on one device (the partitioned program is one device's):
+    # its pools are that device's shards of the loop's pools.
+    pools = [state.cache.k_pages] + ([state.draft.cache.k_pages]
+                                     if getattr(state.draft, "cache", None) is not None else [])
+    info["iteration_io_MB"] = round(kernel_bytes(text, _local_pools(pools, cfg, mesh),
+                                                 root="decode loop")["weighted"] / 1e6, 1)
+    if plain_step:
+        if log:
+            log("compiling plain decoding on the same mesh ...")
+        info.update(_plain_step_io(cfg, mesh, setup, params, data, kernels))
+    return Plan(info, memory, xla, loop_collectives(text, data * model))
+
+
+def _local_pools(pools, cfg, mesh) -> dict:
+    """``{pool view: layers}`` of one device's shards of ``pools`` (per data shard already;
+    KV heads over ``model`` where they divide), for :func:`jspec.bench.hlo.kernel_bytes`."""
+    model = mesh.shape["model"]
+    out = {}
+    for x in pools:
+        L, H, *rest = x.shape
+        h = H // model if H == cfg.num_kv_heads and H % model == 0 else H
+        for v in (x, jax.ShapeDtypeStruct((L, h, *rest), x.dtype)):
+            out.update({k: L for k in pool_key(v)})
+    return out
+
+
+def _plain_step_io(cfg, mesh, setup, params, data, kernels) -> dict:
+    """One plain decode step's HBM bytes per device on the same mesh: ``PlainDecoder.run``
+    compiled like the speculative program, its loop body read the same way."""
+    from jspec.decode import PlainDecoder
+    from jspec.sharding import batch_sharding
+    a = setup.inputs(0, shards=data)
+    if kernels != "reference":
+        from jspec.kernels import resolve
+        kernels = resolve(kernels, cfg, page_size=setup.page_size, batch=setup.batch,
+                          max_pages=a["table"].shape[1], num_pages=a["num_pages"], mesh=mesh)
+    dec = PlainDecoder(cfg, SamplingConfig(0.0), a["cap_new"], setup.page_size, a["num_pages"],
+                       mesh, kernels)
+    rows = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                          sharding=batch_sharding(mesh, len(x.shape)))
+    key = jax.ShapeDtypeStruct(a["key"].shape, a["key"].dtype, sharding=NamedSharding(mesh, P()))
+    args = (params, *(rows(a[k]) for k in ("prompt", "lens", "table", "stop", "limits")), key)
+    pool = jax.ShapeDtypeStruct((cfg.num_layers, cfg.num_kv_heads, a["num_pages"],
+                                 setup.page_size, cfg.head_dim), cfg.dtype)   # one data shard's
+    t0 = time.perf_counter()
+    text = jax.jit(lambda *x: dec.run(*x)).lower(*args).compile().as_text()
+    io = kernel_bytes(text, _local_pools([pool], cfg, mesh), root="decode loop")
+    return {"plain_step_io_MB": round(io["weighted"] / 1e6, 1),
+            "plain_compile_s": round(time.perf_counter() - t0, 1)}
 
 
 # ------------------------------------------------------------------ CLI
@@ -279,14 +354,13 @@ def _reexec(n: int) -> int:
 
 def tpu_devices(topology: str, n: int):
     """``n`` abstract devices of a TPU topology such as ``v5e:2x4`` (deviceless compile,
-    needs libtpu; DESIGN.md section 6)."""
-    try:
-        devices = aot.topology_devices("tpu", topology)
-    except aot.CompilerMissing as e:
-        raise SystemExit(f"--aot {e}") from None
-    if len(devices) != n:
-        raise SystemExit(f"--aot {topology} has {len(devices)} chips, the mesh needs {n}")
-    return devices
+    needs libtpu; DESIGN.md section 6): all of its chips, or its first chip for a 1x1 mesh
+    (libtpu describes no topology smaller than one host's 2x2). Raises
+    :class:`jspec.aot.CompilerMissing` without libtpu."""
+    devices = aot.topology_devices("tpu", topology)
+    if len(devices) != n and n != 1:
+        raise SystemExit(f"--topology {topology} has {len(devices)} chips, the mesh needs {n}")
+    return devices[:n]
 
 
 def main(args) -> dict | None:
@@ -294,19 +368,38 @@ def main(args) -> dict | None:
     if not os.environ.get(_REEXEC):       # never start an accelerator backend for a plan
         sys.exit(_reexec(data * model))
     from jspec.sharding import make_mesh
-    devices = tpu_devices(args.aot, data * model) if args.aot else None
+    devices, topology = None, args.aot
+    chip = "gpu" if topology and topology.startswith("h200") else "tpu"
+    if topology:
+        try:
+            devices = (tpu_devices(topology, data * model) if chip == "tpu" else
+                       aot.topology_devices("gpu", "1x1x1")[:data * model])
+            if len(devices) != data * model:
+                raise SystemExit(f"--topology {topology} has {len(devices)} GPU(s), the mesh "
+                                 f"needs {data * model}")
+        except aot.CompilerMissing as e:
+            print(f"# --topology {topology}: {e}; falling back to simulated CPU devices",
+                  flush=True)
+            topology = None
     if devices is None and len(jax.devices()) < data * model:
         raise SystemExit(f"mesh {data}x{model} needs {data * model} devices; have "
                          f"{len(jax.devices())}")
+    kernels = args.kernels
+    if kernels == "auto":        # what generate's "auto" picks on the chips compiled for
+        kernels = "pallas" if topology else "reference"
+    if kernels == "pallas" and not topology:
+        raise SystemExit("--kernels pallas compiles Mosaic or Triton kernels: it needs "
+                         "--topology (and its compiler); simulated CPU devices run the reference")
     name = args.config
     cfg = configs.random_config(name, args.dtype or configs.natural_dtype(name))
     mesh = make_mesh(data, model, devices)
     p = plan(cfg, args.drafter, mesh, spec=parse_spec(args.spec), batch=args.batch,
              context=args.context, max_new=args.max_new, page_size=args.page_size,
-             draft_vocab=args.draft_vocab, platform=args.trace_for,
-             log=lambda s: print(s, flush=True))
+             draft_vocab=args.draft_vocab, platform=chip if topology else args.trace_for,
+             log=lambda s: print(s, flush=True), kernels=kernels, plain_step=args.plain_step,
+             hlo_out=args.hlo)
     print(f"# plan: {name}, {args.drafter}, mesh {args.mesh}"
-          + (f", compiled for TPU {args.aot} (deviceless)" if args.aot else ", CPU devices"))
+          + (f", compiled for {topology} (deviceless)" if topology else ", CPU devices"))
     print(p.render())
     if args.json:
         common.write_json(args.json, p.as_dict())

@@ -9,7 +9,8 @@
   cross-lower with ``jax.jit(f).trace(...).lower(lowering_platforms=(...,))``).
 - ``"tpu_interpret"`` / ``"gpu_interpret"``: that kernel in Pallas interpret mode
   (TPU: ``pltpu.InterpretParams()``, which simulates SMEM/VMEM/DMA and raises on
-  out-of-bounds reads; GPU: the generic HLO interpreter). For tests on CPU.
+  out-of-bounds reads, or under a device mesh, where its host callbacks cannot run, the
+  generic HLO interpreter; GPU: the generic HLO interpreter). For tests on CPU.
 - ``"reference"``: the jnp reference.
 
 Validation is static only (shapes, dtypes, sizes). Dynamic preconditions, documented
@@ -139,7 +140,9 @@ def verify_walk_sample(tokens, first_child, next_sibling, probs, u_accept, u_bon
 
 def _interpret(impl: str):
     if impl == "tpu_interpret":
-        return pltpu.InterpretParams()
+        # The TPU interpreter simulates memory through host callbacks, which do not run
+        # inside a multi-device program; under a mesh the generic interpreter runs the kernel.
+        return True if not jax.sharding.get_abstract_mesh().empty else pltpu.InterpretParams()
     return impl == "gpu_interpret"
 
 
