@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jspec.bench import anatomy, configs, hlo
+from jspec.bench import anatomy, configs, hlo, hlo_bytes
 from jspec.bench.__main__ import main as bench_main
 from jspec.spec_config import SpecConfig
 
@@ -133,7 +133,7 @@ def test_kernel_bytes_charges_slices_in_place_writes_and_loops():
     row = 1024 * 4
 
     def io(fn, *args, donate=()):
-        return hlo.kernel_bytes(jax.jit(fn, donate_argnums=donate).lower(*args).compile().as_text())
+        return hlo_bytes.kernel_bytes(jax.jit(fn, donate_argnums=donate).lower(*args).compile().as_text())
 
     read = io(lambda x, k: jax.lax.dynamic_slice_in_dim(x, k, 1) * 2.0, big, i)["weighted"]
     assert row <= read <= 3 * row + 64, read          # one row in, one out (not 256 KiB)
@@ -168,12 +168,12 @@ ENTRY %main (p0: f32[4,256], p1: f32[8,1024], p2: f32[16]) -> (f32[4,256], f32[1
 }
 """
     pool = ("f32", (8, 1024))
-    got = hlo.kernel_bytes(text, {pool: 8})["weighted"]
+    got = hlo_bytes.kernel_bytes(text, {pool: 8})["weighted"]
     write = 16 * 4                                     # only the new rows operand
     attend = 1024 * 4 + 16 * 4 + 16 * 4                # one of 8 layers, the rows, the result
     prefetch = 8 * 1024 * 4                            # read from HBM, written to VMEM
     assert got == write + attend + prefetch
-    assert hlo.kernel_bytes(text)["weighted"] == write + 8 * 1024 * 4 + 16 * 4 + 16 * 4 + prefetch
+    assert hlo_bytes.kernel_bytes(text)["weighted"] == write + 8 * 1024 * 4 + 16 * 4 + 16 * 4 + prefetch
 
 
 def test_kernel_bytes_looks_into_nested_fusions():
@@ -211,7 +211,7 @@ ENTRY %main (x: f32[32,16], i: s32[], y: f32[8,8]) -> (f32[1,16], f32[64]) {
 """
     written = (16 + 64) * 4
     read = 16 * 4 + 4 + 64 * 4                         # the slice, the index, y whole
-    assert hlo.kernel_bytes(text)["weighted"] == written + read
+    assert hlo_bytes.kernel_bytes(text)["weighted"] == written + read
 
 
 def test_cli_smoke(tmp_path, capsys):

@@ -16,7 +16,7 @@ weights and no memory) and reads the compiled executable:
   stack is a ``lax.scan``, these are one layer's cost plus everything outside the loop, and
   are not comparable with an unrolled stack's;
 - ``io_MB`` / ``io_x``: HBM bytes every kernel reads and writes, weighted by loop trip
-  counts (:func:`jspec.bench.hlo.kernel_bytes`: slices charged as slices, in-place KV writes
+  counts (:func:`jspec.bench.hlo_bytes.kernel_bytes`: slices charged as slices, in-place KV writes
   as their updates, a Pallas kernel its operands with a KV pool as one layer of it), and the
   same over the plain step's: comparable across scanned and unrolled stacks and across the
   reference and the kernels, where ``bytes_MB`` is not. ``io_goal_x``: that over one plain
@@ -69,7 +69,8 @@ import numpy as np
 
 from jspec import llama, serving_layout
 from jspec.bench import common, configs
-from jspec.bench.hlo import count_kernels, dot_flops, kernel_bytes, pool_key
+from jspec.bench.hlo import count_kernels, dot_flops, pool_key
+from jspec.bench.hlo_bytes import kernel_bytes
 from jspec.config import LlamaConfig
 from jspec.decode import PlainDecoder
 from jspec.drafters import Drafter, random_drafter
@@ -137,7 +138,7 @@ def analyse(name: str, fn: Callable, args: tuple, donate=(), pool_shapes=(),
     ``compiler_options``: XLA debug options for this compile only (they override
     ``XLA_FLAGS``; see :data:`DEFAULT_CPU_OPTIONS`). ``device``: compile for this (abstract)
     device instead of the default one (see :func:`aot_device`). ``pool_layers``: the KV
-    pools' views and layer counts, for :func:`jspec.bench.hlo.kernel_bytes`."""
+    pools' views and layer counts, for :func:`jspec.bench.hlo_bytes.kernel_bytes`."""
     if device is not None:
         sh = jax.sharding.SingleDeviceSharding(device)
         args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)

@@ -34,7 +34,6 @@ import re
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import flax.linen as nn
@@ -45,17 +44,14 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jspec import aot
 from jspec.bench import common, configs
 from jspec.bench.anatomy import Setup, abstract_drafter, abstract_target_params, parse_spec
-from jspec.bench.hlo import _called, _loop_trips, decode_loop_body, kernel_bytes, parse_hlo,\
-    pool_key
+from jspec.bench.collectives import loop_collectives
+from jspec.bench.hlo import pool_key
+from jspec.bench.hlo_bytes import kernel_bytes
 from jspec.platform import building_for
 from jspec.serving_layout import default_stacked
 from jspec.sampling import SamplingConfig
 from jspec.spec_decode import SpecDecoder, tree_shape
 
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
-               "all-reduce-start", "all-gather-start", "collective-permute-start")
-_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1,
-          "s64": 8, "u64": 8, "f64": 8, "u16": 2, "s16": 2}
 _REEXEC = "JSPEC_PLAN_CHILD"
 
 
@@ -75,73 +71,6 @@ def _shard_bytes(shape_dtype, sharding) -> int:
 def _with_shardings(tree, shardings):
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                         tree, shardings)
-
-
-# ------------------------------------------------------------------ collectives
-def _array_bytes(shape: str) -> int:
-    """Bytes of an HLO result shape (arrays and tuples of arrays)."""
-    total = 0
-    for m in re.finditer(r"([a-z]+\d*)\[([\d,]*)\]", shape):
-        dims = [int(d) for d in m.group(2).split(",") if d]
-        total += _BYTES.get(m.group(1), 4) * int(np.prod(dims, dtype=np.int64))
-    return total
-
-
-def _group_size(attrs: str, devices: int) -> int | None:
-    """Devices per replica group: explicit ``{{0,1},{2,3}}``, iota ``[groups,size]<=[...]``,
-    or ``{}`` (one group of every device); None for a collective-permute's pairs."""
-    m = re.search(r"replica_groups=\{\{([\d,]+)\}", attrs)
-    if m:
-        return len(m.group(1).split(","))
-    m = re.search(r"replica_groups=\[(\d+),(\d+)\]", attrs)
-    if m:
-        return int(m.group(2))
-    return devices if "replica_groups={}" in attrs else None
-
-
-def _source(attrs: str) -> str:
-    """Where the op comes from: its ``op_name`` inside the loop body (jax's named scopes
-    ``draft``, ``verify``, ``walk``, ``commit``, ``extend`` and the primitive)."""
-    m = re.search(r'op_name="([^"]+)"', attrs)
-    if not m:
-        return "-"
-    name = re.sub(r"^jit\([^)]*\)/", "", m.group(1))
-    return re.sub(r"^(while/body/)+", "", name).replace("closed_call/", "")[:70]
-
-
-def loop_collectives(text: str, devices: int = 0) -> list[dict]:
-    """Collectives of one iteration of the outermost ``while`` loop of the ENTRY computation
-    (the generate loop; the prefill runs before it), with multiplicity from nested loops'
-    trip counts. Identical (op, shape, group, source) rows are merged."""
-    comps, entry = parse_hlo(text)
-    body = decode_loop_body(comps, entry)
-    if body is None:
-        return []
-    rows: Counter = Counter()
-
-    def visit(name: str, mult: int, seen: tuple):
-        if name in seen:
-            return
-        for i in comps.get(name, []):
-            if i.opcode in COLLECTIVES:
-                key = (i.opcode.removesuffix("-start"), i.shape.split("{")[0][:80],
-                       _array_bytes(i.shape), _group_size(i.attrs, devices), _source(i.attrs))
-                rows[key] += mult
-            if i.opcode == "while":
-                trips = _loop_trips(i.attrs, comps) or 1
-                for c in _called(i.attrs, ("body",)):
-                    visit(c, mult * trips, seen + (name,))
-            elif i.opcode in ("conditional", "call"):
-                for c in _called(i.attrs, ("true_computation", "false_computation",
-                                           "branch_computations", "to_apply")):
-                    visit(c, mult, seen + (name,))
-            elif i.opcode == "fusion" or i.opcode.endswith("-start"):
-                for c in _called(i.attrs, ("calls",)):
-                    visit(c, mult, seen + (name,))
-    visit(body, 1, ())
-    out = [{"op": op, "shape": shape, "bytes": b, "group": g, "per_iter": n, "source": src}
-           for (op, shape, b, g, src), n in rows.items()]
-    return sorted(out, key=lambda r: -r["bytes"] * r["per_iter"])
 
 
 # ------------------------------------------------------------------ the plan
@@ -186,7 +115,7 @@ def plan(cfg, kind: str | None, mesh, *, spec=None, batch: int = 8, context: int
     ``shard_map`` over ``model``: :func:`jspec.kernels.per_device`; compiles only for real
     chips' devices). ``plain_step``: also compile plain decoding on the mesh and report one
     plain step's HBM bytes per device beside one iteration's (``iteration_io_MB``:
-    :func:`jspec.bench.hlo.kernel_bytes` of the generate loop's body). ``hlo_out``: write the
+    :func:`jspec.bench.hlo_bytes.kernel_bytes` of the generate loop's body). ``hlo_out``: write the
     compiled program's optimized HLO there."""
     with building_for(platform):
         return _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab,
@@ -307,7 +236,7 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
 
 def _local_pools(pools, cfg, mesh) -> dict:
     """``{pool view: layers}`` of one device's shards of ``pools`` (per data shard already;
-    KV heads over ``model`` where they divide), for :func:`jspec.bench.hlo.kernel_bytes`."""
+    KV heads over ``model`` where they divide), for :func:`jspec.bench.hlo_bytes.kernel_bytes`."""
     model = mesh.shape["model"]
     out = {}
     for x in pools:
