@@ -133,7 +133,8 @@ def test_kernel_bytes_charges_slices_in_place_writes_and_loops():
     row = 1024 * 4
 
     def io(fn, *args, donate=()):
-        return hlo_bytes.kernel_bytes(jax.jit(fn, donate_argnums=donate).lower(*args).compile().as_text())
+        text = jax.jit(fn, donate_argnums=donate).lower(*args).compile().as_text()
+        return hlo_bytes.kernel_bytes(text)
 
     read = io(lambda x, k: jax.lax.dynamic_slice_in_dim(x, k, 1) * 2.0, big, i)["weighted"]
     assert row <= read <= 3 * row + 64, read          # one row in, one out (not 256 KiB)

@@ -38,7 +38,8 @@ def main() -> None:
     ap.add_argument("--draft-vocab", type=int, default=32768)
     ap.add_argument("--per-layer", action="store_true", help="today's tree: the unrolled stack")
     ap.add_argument("--kernels", default="reference",
-                    help="reference | pallas (the TPU/GPU kernels; what kernels='auto' picks there)")
+                    help="reference | pallas (the TPU/GPU kernels: what kernels='auto' picks "
+                         "there)")
     ap.add_argument("--aot", default=None, help="v5e | v6e | v5p (deviceless TPU compile)")
     a = ap.parse_args()
     sys.path.insert(0, os.path.abspath(a.repo))
@@ -120,7 +121,8 @@ def main() -> None:
         t2 = time.perf_counter()
     text = compiled.as_text()
     print(json.dumps({"repo": a.repo, "jspec": os.path.dirname(jspec.__file__),
-                      "aot": a.aot or jax.default_backend(), "per_layer": a.per_layer, "kernels": a.kernels,
+                      "aot": a.aot or jax.default_backend(), "per_layer": a.per_layer,
+                      "kernels": a.kernels,
                       "spec": a.spec, "batch": B, "context": a.context,
                       "draft_vocab": a.draft_vocab, "lower_s": round(t1 - t0, 2),
                       "compile_s": round(t2 - t1, 2), "total_s": round(t2 - t0, 2),

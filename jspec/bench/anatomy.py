@@ -152,8 +152,8 @@ def analyse(name: str, fn: Callable, args: tuple, donate=(), pool_shapes=(),
     io = kernel_bytes(text, pool_layers)
     row = {"program": name, **k, "per_layer": k["kernels"] / num_layers, **_cost(compiled),
            **_memory(compiled), "compile_s": compile_s, "dot_flops_once": df["once"],
-           "dot_flops_w": df["weighted"], "GFLOP_w": df["weighted"] / 1e9, "io_bytes": io["weighted"],
-           "io_MB": io["weighted"] / 1e6}
+           "dot_flops_w": df["weighted"], "GFLOP_w": df["weighted"] / 1e9,
+           "io_bytes": io["weighted"], "io_MB": io["weighted"] / 1e6}
     mb = lambda b: b / 1e6
     row.update(bytes_MB=mb(row["bytes"]), GFLOP=row["flops"] / 1e9, temp_MB=mb(row["temp_bytes"]),
                arg_MB=mb(row["arg_bytes"]), out_MB=mb(row["out_bytes"]),

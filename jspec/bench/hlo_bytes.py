@@ -104,9 +104,10 @@ def _param_read(comps: dict, comp: list[Instr], name: str, full: float) -> float
 def kernel_bytes(text: str, pool_layers: dict | None = None, detail: list | None = None,
                  root: str | None = None) -> dict:
     """HBM bytes the kernels of an optimized module read and write, by the kernel rule of
-    :func:`jspec.bench.hlo.count_kernels`, ``weighted`` by the trip counts of their loops (a scanned layer
-    stack counts ``L`` times, the draft scan ``S - 1`` times; a loop of unknown trip count,
-    like the decode loop, once) and ``once`` (each body once, as XLA's cost analysis).
+    :func:`jspec.bench.hlo.count_kernels`, ``weighted`` by the trip counts of their loops (a
+    scanned layer stack counts ``L`` times, the draft scan ``S - 1`` times; a loop of unknown
+    trip count, like the decode loop, once) and ``once`` (each body once, as XLA's cost
+    analysis).
 
     A kernel is charged its operands and results, except: what a fusion only slices or
     gathers is charged the slice; a dynamic-update-slice or scatter (fused or not) updating
@@ -114,14 +115,15 @@ def kernel_bytes(text: str, pool_layers: dict | None = None, detail: list | None
     it aliases to an output (``output_to_operand_aliasing``: the Pallas KV write) is charged
     nothing either way, its other operands in full and once each, except a KV pool:
     ``pool_layers`` maps a pool's views (:func:`jspec.bench.hlo.pool_key`) to its number of
-    layers, and a custom call handed a pool is charged one layer of it (the Pallas attention kernels read one layer's pages per
-    call, up to the live length: at a full cache that is the layer's share of the pool).
-    Arrays placed in VMEM (TPU ``S(1)``) are not HBM traffic. Unlike XLA's "bytes accessed"
-    this sees into Pallas kernels' operands and does not charge in-place writes the pool, so
-    programs with and without kernels compare. ``detail``: a list that receives
-    ``(weighted bytes, computation, instruction, opcode, result shape)`` per kernel.
-    ``root``: count from this computation instead of ENTRY (``"decode loop"``: one iteration
-    of the generate loop, :func:`decode_loop_body`)."""
+    layers, and a custom call handed a pool is charged one layer of it (the Pallas attention
+    kernels read one layer's pages per call, up to the live length: at a full cache that is
+    the layer's share of the pool). Arrays placed in VMEM (TPU ``S(1)``) are not HBM
+    traffic. Unlike XLA's "bytes accessed" this sees into Pallas kernels' operands and does
+    not charge in-place writes the pool, so programs with and without kernels compare.
+    ``detail``: a list that receives ``(weighted bytes, computation, instruction, opcode,
+    result shape)`` per kernel. ``root``: count from this computation instead of ENTRY
+    (``"decode loop"``: one iteration of the generate loop,
+    :func:`jspec.bench.hlo.decode_loop_body`)."""
     comps, entry = parse_hlo(text)
     if root == "decode loop":
         root = decode_loop_body(comps, entry)

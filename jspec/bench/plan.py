@@ -19,9 +19,10 @@ a laptop). It prints:
 (deviceless, with libtpu; without it, a note and the simulated CPU devices), ``--topology
 h200 --mesh 1x1`` for one abstract H200 (the gpu-aot extra), with the Mosaic / Triton
 kernels inside ``shard_map`` over ``model`` (``--kernels``, default: what ``generate``'s
-"auto" picks there): XLA's TPU memory analysis and TPU collectives, where the CPU compile upcasts bf16
-weights for its dots and plans memory for a CPU. The command re-runs itself in a child
-process with ``JAX_PLATFORMS=cpu`` and
+"auto" picks there): the chip's own memory analysis (against its HBM) and collectives, where
+the CPU compile upcasts bf16 weights for its dots and plans memory for a CPU.
+``--plain-step`` adds one plain decode step's HBM bytes per device beside one iteration's.
+The command re-runs itself in a child process with ``JAX_PLATFORMS=cpu`` and
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (N = DATA x MODEL), so it never starts
 an accelerator backend and always has the devices the mesh needs.
 """
@@ -171,7 +172,8 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
                           mesh=mesh)
     dec = SpecDecoder(cfg, drafter.module, spec, SamplingConfig(0.0), a["cap_new"], page_size,
                       a["num_pages"], 0.0, mesh, kernels)
-    rows = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding(mesh, len(x.shape)))
+    rows = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                          sharding=batch_sharding(mesh, len(x.shape)))
     args = (params, dparams, rows(a["prompt"]), rows(a["lens"]), rows(a["table"]),
             rows(a["table"]), rows(a["stop"]), rows(a["limits"]),
             jax.ShapeDtypeStruct(a["key"].shape, a["key"].dtype, sharding=repl))
