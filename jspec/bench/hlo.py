@@ -247,7 +247,35 @@ def dot_flops(text: str) -> dict:
     comps, entry = parse_hlo(text)
     shapes = {c: {i.name: i.shape for i in ins} for c, ins in comps.items()}
     out = {"once": 0.0, "weighted": 0.0}
+
+    def visit(name, ins, mult, first):
+        if ins.opcode != "dot":
+            return
+        ops = _operands(ins.attrs)
+        lhs = _shape_key(shapes[name].get(ops[0], "")) if ops else None
+        m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", ins.attrs)
+        res = _shape_key(ins.shape)
+        if lhs and m and res:
+            k = int(np.prod([lhs[1][int(d)] for d in m.group(1).split(",") if d]))
+            f = 2.0 * int(np.prod(res[1])) * k
+            out["weighted"] += f * mult
+            out["once"] += f if first else 0.0
+
+    weighted_walk(comps, entry, out, visit, into_fusions=True,
+                  trips=lambda attrs, comps: _trip_count(attrs))
+    return out
+
+
+def weighted_walk(comps: dict, root: str, totals: dict, visit, *, into_fusions: bool,
+                  trips=_loop_trips) -> None:
+    """Call ``visit(computation, instruction, mult, first)`` on every instruction reached
+    from ``root`` through while bodies and ``call`` targets (and fusions' computations when
+    ``into_fusions``), ``mult`` the product of the enclosing loops' ``trips`` (1 when
+    unknown) and ``first`` whether this is the first visit of each enclosing body. Of a
+    conditional's branches only the one that adds most to ``totals["weighted"]`` is kept
+    (one branch runs). ``visit`` adds into ``totals`` (keys ``once`` and ``weighted``)."""
     seen = set()
+    into = ("body", "calls") if into_fusions else ("body",)
 
     def walk(name, mult, first):
         if name not in comps:
@@ -255,29 +283,19 @@ def dot_flops(text: str) -> dict:
         first = first and name not in seen
         seen.add(name)
         for ins in comps[name]:
-            if ins.opcode == "dot":
-                ops = _operands(ins.attrs)
-                lhs = _shape_key(shapes[name].get(ops[0], "")) if ops else None
-                m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", ins.attrs)
-                res = _shape_key(ins.shape)
-                if lhs and m and res:
-                    k = int(np.prod([lhs[1][int(d)] for d in m.group(1).split(",") if d]))
-                    f = 2.0 * int(np.prod(res[1])) * k
-                    out["weighted"] += f * mult
-                    out["once"] += f if first else 0.0
             if ins.opcode == "conditional":
-                _biggest_branch(ins.attrs, out, "weighted", seen,
+                _biggest_branch(ins.attrs, totals, "weighted", seen,
                                 lambda c: walk(c, mult, first))
                 continue
-            n = (_trip_count(ins.attrs) or 1) if ins.opcode == "while" else 1
-            for c in _called(ins.attrs, ("body", "calls")):
+            visit(name, ins, mult, first)
+            n = (trips(ins.attrs, comps) or 1) if ins.opcode == "while" else 1
+            for c in _called(ins.attrs, into):
                 walk(c, mult * n, first)
             if ins.opcode == "call":
                 for c in _called(ins.attrs, ("to_apply",)):
                     walk(c, mult, first)
 
-    walk(entry, 1, True)
-    return out
+    walk(root, 1, True)
 
 
 def decode_loop_body(comps: dict, entry: str) -> str | None:

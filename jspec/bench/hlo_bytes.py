@@ -11,8 +11,8 @@ import re
 
 import numpy as np
 
-from jspec.bench.hlo import (NON_KERNEL, Instr, _biggest_branch, _called, _loop_trips, _operands,
-                             _shape_key, decode_loop_body, parse_hlo)
+from jspec.bench.hlo import (NON_KERNEL, Instr, _called, _operands, _shape_key,
+                             decode_loop_body, parse_hlo, weighted_walk)
 
 _IN_PLACE = ("dynamic-update-slice", "scatter")
 _PARTIAL_READ = ("dynamic-slice", "slice", "gather")
@@ -131,7 +131,6 @@ def kernel_bytes(text: str, pool_layers: dict | None = None, detail: list | None
             return {"once": float("nan"), "weighted": float("nan")}
     shapes = {c: {i.name: i.shape for i in ins} for c, ins in comps.items()}
     out = {"once": 0.0, "weighted": 0.0}
-    seen = set()
 
     def charge(comp_name: str, ins: Instr) -> float:
         ops = _operands(ins.attrs)
@@ -167,28 +166,15 @@ def kernel_bytes(text: str, pool_layers: dict | None = None, detail: list | None
                 return rb + sum(b for k, b in enumerate(ob) if k not in skip)
         return rb + sum(ob)
 
-    def walk(name, mult, first):
-        if name not in comps:
+    def visit(name, ins, mult, first):
+        op = ins.opcode
+        if op in NON_KERNEL or op.endswith("-done") or op.endswith("-update"):
             return
-        first = first and name not in seen
-        seen.add(name)
-        for ins in comps[name]:
-            op = ins.opcode
-            if op == "conditional":
-                _biggest_branch(ins.attrs, out, "weighted", seen, lambda c: walk(c, mult, first))
-                continue
-            if op in ("while", "call"):
-                n = (_loop_trips(ins.attrs, comps) or 1) if op == "while" else 1
-                for c in _called(ins.attrs, ("body", "to_apply") if op == "call" else ("body",)):
-                    walk(c, mult * n, first)
-                continue
-            if op in NON_KERNEL or op.endswith("-done") or op.endswith("-update"):
-                continue
-            b = charge(name, ins)
-            if detail is not None:
-                detail.append((b * mult, name, ins.name, ins.opcode, ins.shape[:80]))
-            out["weighted"] += b * mult
-            out["once"] += b if first else 0.0
+        b = charge(name, ins)
+        if detail is not None:
+            detail.append((b * mult, name, ins.name, op, ins.shape[:80]))
+        out["weighted"] += b * mult
+        out["once"] += b if first else 0.0
 
-    walk(root or entry, 1, True)
+    weighted_walk(comps, root or entry, out, visit, into_fusions=False)
     return out
