@@ -73,7 +73,7 @@ def drafter_shardings(drafter, target_cfg, mesh: Mesh):
     """NamedShardings for a drafter's params (checkpoint or serving layout), from the logical
     axes its layers declare, under the target's :data:`LOGICAL_RULES` (its LM head over the
     vocabulary, attention over heads, MLP over ``model``); maps and tables without axes
-    (``d2t``, a calibration table) are replicated."""
+    (``d2t``, a calibration model) are replicated."""
     module = drafter.module
     boxed = jax.eval_shape(lambda k: module.init_params(k, target_cfg), jax.random.key(0))
     flip = getattr(module, "out_major", False)

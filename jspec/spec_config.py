@@ -23,7 +23,7 @@ class SpecConfig:
 
     ``selection``: how a dynamic tree ranks its candidates. ``"eagle2"`` (default): the
     drafter's cumulative log-probability. ``"calibrated"``: the calibrated probability that
-    the path is accepted (:mod:`jspec.tree.calibration`; needs the drafter's table). Static
+    the path is accepted (:mod:`jspec.tree.calibration`; needs the drafter's model). Static
     trees (Medusa) and chains (K = 1) draft the same nodes under either.
     """
 

@@ -25,8 +25,8 @@ the drafter (how fast acceptance decays with depth), so it is measured, not gues
 
 The pick is stored beside the drafter checkpoint (``jspec_tuning.json``, keyed by device kind
 and batch; written whole to a temporary file, then renamed: :mod:`jspec.tune_store`), and
-``generate(spec="auto")`` reads it. A drafter with a calibration table (``python -m jspec.train calibrate``) is tuned
-over both node-selection policies: every tree shape also runs as ``S,K,N/cal``
+``generate(spec="auto")`` reads it. A drafter with a calibration model (``python -m jspec.train
+calibrate``) is tuned over both node-selection policies: every tree shape also runs as ``S,K,N/cal``
 (:mod:`jspec.tree.calibration`), and the pick records its policy. The E model here is the
 teacher-forced measurement of each shape.
 """
@@ -86,10 +86,10 @@ def parse_shape(text: str) -> SpecConfig:
 
 
 def selections_for(drafter) -> tuple[str, ...]:
-    """The node-selection policies a drafter can run: calibrated too when it carries a table
-    (``python -m jspec.train calibrate``)."""
-    from jspec.tree.calibration import table_of
-    return ("eagle2", "calibrated") if table_of(drafter) is not None else ("eagle2",)
+    """The node-selection policies a drafter can run: calibrated too when it carries a
+    calibration model (``python -m jspec.train calibrate``)."""
+    from jspec.tree.calibration import model_of
+    return ("eagle2", "calibrated") if model_of(drafter) is not None else ("eagle2",)
 
 
 # --------------------------------------------------------------------------- costs

@@ -70,12 +70,20 @@ def _free_compiled_programs():
 
 
 @pytest.fixture(scope="session")
-def rank_table():
-    """A calibration table that trusts rank 0 far more than EAGLE-2's q does and decays with
-    depth and rank (monotone in q): calibrated selection then drafts other trees."""
+def rank_model():
+    """``rank_model(vocab)``: a calibration model that trusts rank 0 far more than EAGLE-2's q
+    does and decays with depth and rank (rising in q): calibrated selection then drafts other
+    trees."""
     import numpy as np
-    D, R, nb = 8, 8, 20
-    q = (np.arange(nb) + 0.5) / nb
-    rate = (0.5 + 0.5 * q)[None, None] * (0.9 ** np.arange(D))[:, None, None] \
-        * np.where(np.arange(R) == 0, 1.0, 0.2 / (1 + np.arange(R)))[None, :, None]
-    return np.log(rate).astype(np.float32)
+
+    from jspec.tree.calibration import FEATURES
+
+    def make(vocab: int):
+        D, R = 8, 8
+        by_rank = np.where(np.arange(R) == 0, 0.9, 0.1 / (1 + np.arange(R)))
+        rate = 0.9 ** np.arange(D)[:, None] * by_rank
+        w = np.zeros((D, R, len(FEATURES)), np.float32)
+        w[..., 0] = np.log(rate / (1 - rate))
+        w[..., 1] = 0.5                                           # on log q
+        return {"weights": w, "token_bias": np.zeros(vocab, np.float32)}
+    return make

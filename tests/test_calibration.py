@@ -1,4 +1,4 @@
-"""Acceptance-aware node selection (jspec.tree.calibration): the fit, the in-loop lookup, the
+"""Acceptance-aware node selection (jspec.tree.calibration): the fit, the in-loop features, the
 selection it drives, storage beside a drafter checkpoint, and the teacher-forced records."""
 
 import jax
@@ -13,42 +13,71 @@ from jspec.drafters import load_drafter, random_drafter, save_drafter
 from jspec.llama import init_params
 from jspec.spec_config import SpecConfig
 from jspec.train.acceptance import TeacherForced
+from jspec.train.calibrate import fit, log_loss
 from jspec.tree import calibration as C
 from jspec.tree.select import select_pool
 
 
-def true_rate(step, rank, q):
-    return np.sqrt(q) * np.where(rank == 0, 1.0, 0.3) * 0.9 ** step
+def synthetic_records(n, vocab, rng, D=3, R=4, K=4):
+    """Records drawn from a known model: sibling groups with sorted drafter log-probabilities,
+    random parents and tokens, and hits from ``sigmoid(weights . x + token_bias)``."""
+    groups = n // K
+    q = np.sort(rng.dirichlet(np.ones(8) * 0.5, groups)[:, :K], axis=1)[:, ::-1]
+    prank = rng.integers(-1, 3, groups)
+    plogq = np.log(rng.uniform(0.05, 1, groups))
+    x = C.node_features(np.log(q), prank, plogq, xp=np).reshape(-1, len(C.FEATURES))
+    step = np.repeat(rng.integers(0, D, groups), K)
+    rank = np.tile(np.arange(K), groups)
+    token = rng.integers(0, vocab, len(x))
+    w = rng.normal(0, 0.6, (D, R, len(C.FEATURES))).astype(np.float32)
+    w[..., 0] -= 1.0
+    model = {"weights": w, "token_bias": rng.normal(0, 1.0, vocab).astype(np.float32)}
+    rate = np.exp(np.asarray(C.log_rates(model, step, rank, x, token)))
+    rec = {"step": step, "rank": rank, "q": q.reshape(-1), "x": x, "token": token,
+           "hit": rng.uniform(size=len(x)) < rate}
+    return rec, model, rate
 
 
-def test_fit_recovers_rates_monotone_and_beats_raw_q():
+def test_fit_recovers_a_known_model_and_beats_raw_q():
     rng = np.random.default_rng(0)
-    n = 300_000
-    step, rank, q = rng.integers(0, 3, n), rng.integers(0, 4, n), rng.uniform(size=n)
-    hit = rng.uniform(size=n) < true_rate(step, rank, q)
-    table = C.fit(step, rank, q, hit, depths=4, ranks=4, bins=10)
-    assert table.shape == (4, 4, 10) and np.all(table <= 0)
-    assert np.all(np.diff(table, axis=-1) >= -1e-6)            # isotonic in q
-    centres = (np.arange(10) + 0.5) / 10
-    for s in range(3):
-        for r in range(4):
-            np.testing.assert_allclose(np.exp(table[s, r]), true_rate(s, r, centres), atol=0.05)
-    # Step 3 was never observed: it copies step 2 (and later ranks the last observed rank).
-    np.testing.assert_array_equal(table[3, 0], table[2, 0])
-    nll_cal, nll_raw = C.log_loss(table, step, rank, q, hit)
+    rec, _, rate = synthetic_records(400_000, 16, rng)
+    model = fit(rec, 16, depths=4, ranks=4)
+    assert model["weights"].shape == (4, 4, len(C.FEATURES)) and model["token_bias"].shape == (16,)
+    fitted = np.exp(np.asarray(
+        C.log_rates(model, rec["step"], rec["rank"], rec["x"], rec["token"])))
+    assert np.all(fitted < 1)
+    assert np.mean(np.abs(fitted - rate)) < 0.01
+    # Step 3 was never observed: it copies step 2.
+    np.testing.assert_array_equal(model["weights"][3], model["weights"][2])
+    nll_cal, nll_raw = log_loss(model, rec)
     assert nll_cal < nll_raw
 
 
-def test_lookup_interpolates_between_bin_centres():
-    table = np.log(np.array([[[0.1, 0.3, 0.5, 0.9]], [[0.2, 0.2, 0.2, 0.2]]], np.float32))  # [2,1,4]
-    at = lambda step, q: float(C.lookup(table, step, 0, jnp.log(jnp.float32(q))))
-    assert at(0, 0.375) == pytest.approx(np.log(0.3), abs=1e-5)        # a bin centre
-    assert at(0, 0.5) == pytest.approx(0.5 * np.log(0.3) + 0.5 * np.log(0.5), abs=1e-5)
-    assert at(0, 0.01) == pytest.approx(np.log(0.1), abs=1e-5)         # flat past the edges
-    assert at(5, 0.9) == pytest.approx(np.log(0.2), abs=1e-5)          # deeper steps: last row
-    assert float(C.lookup(table, 0, 3, jnp.float32(np.nan))) == -np.inf
-    logq = jnp.log(jnp.array([[0.5, 0.2]]))
-    assert C.node_scores("eagle2", logq, 0, {}) is logq
+def test_node_features_and_log_rates():
+    logq = np.log(np.array([[0.6, 0.2, 0.1], [0.5, 0.3, np.nan]]))
+    x = np.asarray(C.node_features(jnp.asarray(logq), jnp.array([-1, 2]), jnp.array([-0.3, -1.5])))
+    assert x.shape == (2, 3, len(C.FEATURES))
+    f = dict(zip(C.FEATURES, np.moveaxis(x, -1, 0)))
+    np.testing.assert_allclose(f["logq"][0], logq[0], rtol=1e-6)
+    assert f["logq"][1, 2] == C.LOGQ_FLOOR                               # a missing sibling
+    np.testing.assert_allclose(f["logq_rank0"], np.log([[0.6] * 3, [0.5] * 3]), rtol=1e-6)
+    np.testing.assert_allclose(f["logq_rank1"], np.log([[0.2] * 3, [0.3] * 3]), rtol=1e-6)
+    np.testing.assert_array_equal(f["parent_rank0"], 0)                  # root, then rank 2
+    np.testing.assert_array_equal(f["parent_later"], [[0] * 3, [1] * 3])
+    np.testing.assert_allclose(f["parent_logq"], [[0] * 3, [-1.5] * 3])  # the root reads 0
+    in_numpy = C.node_features(logq, np.array([-1, 2]), np.array([-0.3, -1.5]), xp=np)
+    np.testing.assert_array_equal(x, in_numpy)
+    w = np.zeros((2, 2, len(C.FEATURES)), np.float32)
+    w[0, 0, 1], w[1, 1, 0] = 1.0, -2.0
+    model = {"weights": w, "token_bias": np.array([0.0, 0.5, -0.5], np.float32)}
+    lr = lambda step, rank, tok: float(C.log_rates(model, step, rank, x[0, 0], tok))
+    assert lr(0, 0, 1) == pytest.approx(np.log(1 / (1 + np.exp(-(np.log(0.6) + 0.5)))), abs=1e-6)
+    assert lr(5, 7, 2) == pytest.approx(np.log(1 / (1 + np.exp(2.5))), abs=1e-6)   # last cell
+    scores = C.node_scores("calibrated", jnp.asarray(logq), 0, {C.PARAM_KEY: model},
+                           jnp.array([[0, 1, 2]] * 2), jnp.array([-1, 2]), jnp.array([0.0, -1.5]))
+    assert scores[1, 2] == -np.inf and bool(jnp.all(scores[:, :2] < 0))
+    lq = jnp.asarray(logq)
+    assert C.node_scores("eagle2", lq, 0, {}) is lq
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +89,10 @@ def tiny():
     return jspec.Target(cfg, params)
 
 
-def test_calibrated_selection_drafts_other_closed_trees(tiny, rank_table):
-    d = C.attach(random_drafter("eagle3", tiny.config, jax.random.key(1)), rank_table)
+def test_calibrated_selection_drafts_other_closed_trees(tiny, rank_model):
+    model = rank_model(64)
+    model["token_bias"][::3] = -1.0                  # so the token ids the loop reads matter
+    d = C.attach(random_drafter("eagle3", tiny.config, jax.random.key(1)), model)
     m, B, T, ps = d.module, 4, 12, 8
     table = kvc.allocate_page_table([T + 40] * B, ps, B * 8)
     state = m.init_state(B, table, B * 8, ps)
@@ -79,21 +110,39 @@ def test_calibrated_selection_drafts_other_closed_trees(tiny, rank_table):
         assert bool(jnp.all((pool.parents < 0)
                             | (pool.scores <= jnp.take_along_axis(pool.scores, par, 1) + 1e-6)))
         trees[sel] = np.asarray(tree.depths)
-    # The rank table trusts rank-0 chains: calibrated trees are deeper than EAGLE-2's.
+        if sel == "calibrated":
+            # The loop's scores are the path sums of the model over the pool's own features,
+            # the ones calibration records are fitted on (one definition of the features).
+            step, rank = pool.depth_rank(pool.scores.shape[1], 4)
+            x = C.pool_features(pool.logq, pool.parents, 4)
+            rates = C.log_rates(model, step, rank, x, pool.tokens)
+            parent_score = jnp.where(pool.parents < 0, 0.0,
+                                     jnp.take_along_axis(pool.scores, par, 1))
+            np.testing.assert_allclose(pool.scores, parent_score + rates, rtol=1e-5, atol=1e-5)
+    # The rank model trusts rank-0 chains: calibrated trees are deeper than EAGLE-2's.
     assert trees["calibrated"].max(1).mean() > trees["eagle2"].max(1).mean()
 
 
-def test_stored_beside_the_drafter_checkpoint(tiny, rank_table, tmp_path):
+def test_stored_beside_the_drafter_checkpoint(tiny, rank_model, tmp_path):
     d = random_drafter("eagle1", tiny.config, jax.random.key(1))
-    save_drafter(C.attach(d, rank_table), tmp_path / "d")
+    model = rank_model(64)
+    model["token_bias"][[3, 40]] = [0.25, -1.5]
+    save_drafter(C.attach(d, model), tmp_path / "d")
     assert (tmp_path / "d" / C.FILENAME).is_file()
-    back = load_drafter(tmp_path / "d", tiny.config)
-    np.testing.assert_allclose(np.asarray(back.params[C.PARAM_KEY]), rank_table, atol=1e-4)  # stored to 4 places
+    back = load_drafter(tmp_path / "d", tiny.config).params[C.PARAM_KEY]
+    for k in ("weights", "token_bias"):                     # stored to 5 and 4 decimals
+        np.testing.assert_allclose(np.asarray(back[k]), model[k], atol=1e-4)
     save_drafter(d, tmp_path / "plain")
     assert C.PARAM_KEY not in load_drafter(tmp_path / "plain", tiny.config).params
-    (tmp_path / "plain" / C.FILENAME).write_text('{"shape": [1, 1, 2], "log_rate": [[[0.5, 0.1]]]}')
-    with pytest.raises(CheckpointError, match=C.FILENAME):
+    bad = tmp_path / "plain" / C.FILENAME
+    bad.write_text('{"version": 1, "shape": [1, 1, 2], "log_rate": [[[-0.5, -0.1]]]}')
+    with pytest.raises(CheckpointError, match="version 1.*jspec.train calibrate"):
         load_drafter(tmp_path / "plain", tiny.config)
+    C.save(tmp_path / "plain", rank_model(65))               # another target's vocabulary
+    with pytest.raises(CheckpointError, match=r"token_bias must be \[64\]"):
+        load_drafter(tmp_path / "plain", tiny.config)
+    with pytest.raises(C.CalibrationError, match="weights must be"):
+        C.attach(d, {"weights": np.zeros((2, 2)), "token_bias": np.zeros(64)})
 
 
 def test_target_as_its_own_drafter_reaches_the_chain_ceiling_when_calibrated(tiny):
@@ -106,7 +155,7 @@ def test_target_as_its_own_drafter_reaches_the_chain_ceiling_when_calibrated(tin
     rec = tf.records(None, SpecConfig(4, 4, 16))
     first = (rec["step"] == 0) & (rec["rank"] == 0)
     assert rec["hit"][first].all() and not rec["hit"][rec["rank"] > 0].any()
-    table = C.fit(rec["step"], rec["rank"], rec["q"], rec["hit"])
+    model = fit(rec, 64)
     spec = SpecConfig(4, 3, 6)
-    assert tf.accept(None, spec.with_selection("calibrated"), calibration=table) == 5.0
+    assert tf.accept(None, spec.with_selection("calibrated"), calibration=model) == 5.0
     assert tf.accept(None, spec) <= 5.0

@@ -69,14 +69,14 @@ def test_greedy_identical_to_plain(stories, drafters, kind, mode, size):
 @pytest.mark.parametrize("kind,mode", [("eagle3", "default"),
                                        pytest.param("eagle1", "wide", marks=pytest.mark.slow),
                                        pytest.param("mtp", "wide", marks=pytest.mark.slow)])
-def test_greedy_identical_under_calibrated_selection(stories, drafters, rank_table, kind, mode):
+def test_greedy_identical_under_calibrated_selection(stories, drafters, rank_model, kind, mode):
     """Acceptance-aware selection drafts other trees (tests/test_calibration.py shows they
     differ); the output must not change."""
     from jspec.tree.calibration import attach
     target, cases = stories
     prompts, limits = batch_for(cases, 4)
     spec = (MODES[mode] or drafters[kind].default_spec).with_selection("calibrated")
-    drafter = attach(drafters[kind], rank_table)
+    drafter = attach(drafters[kind], rank_model(target.config.vocab_size))
     plain = jspec.generate(target, prompts, max_new_tokens=limits, stop_ids=[])
     res = jspec.generate(target, prompts, max_new_tokens=limits, stop_ids=[], drafter=drafter,
                          spec=spec)

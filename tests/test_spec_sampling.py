@@ -77,11 +77,11 @@ def test_plain_sampling_matches_enumeration(target, exact):
 
 @pytest.mark.parametrize("spec", [SpecConfig(3, 4, 8), SpecConfig(3, 4, 8, "calibrated"),
                                   SpecConfig.chain(3)], ids=["tree", "tree-calibrated", "chain"])
-def test_speculative_sampling_matches_enumeration(target, exact, spec, rank_table):
+def test_speculative_sampling_matches_enumeration(target, exact, spec, rank_model):
     from jspec.tree.calibration import attach
     drafter = random_drafter("eagle1", target.config, jax.random.key(2))
     if spec.selection == "calibrated":
-        drafter = attach(drafter, rank_table)
+        drafter = attach(drafter, rank_model(target.config.vocab_size))
     toks, res = sample(target, drafter, spec, seed=1)
     p, cells = pvalue(toks, exact)
     assert p > 1e-3, (p, cells)

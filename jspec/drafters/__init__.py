@@ -64,12 +64,12 @@ class Drafter:
     @property
     def default_spec(self) -> SpecConfig | None:
         """The kind's default tree (its registry entry), under calibrated node selection
-        when the drafter carries a calibration table (``jspec_calibration.json``, see
+        when the drafter carries a calibration model (``jspec_calibration.json``, see
         :mod:`jspec.tree.calibration`): it drafts the same number of nodes at the same cost
         and measured +10-13% more tokens per verify on the shipped model's EAGLE-3."""
-        from jspec.tree.calibration import table_of
+        from jspec.tree.calibration import model_of
         spec = self.entry.default_spec
-        if spec is not None and not spec.is_chain and table_of(self) is not None \
+        if spec is not None and not spec.is_chain and model_of(self) is not None \
                 and self.module.has_pool:
             return spec.with_selection("calibrated")
         return spec

@@ -217,11 +217,12 @@ class RecurrentDrafter(DraftModuleDefaults):
         B = state.logits.shape[0]
         W = max((S - 1) * K, 1)                                  # transient window
         logq0, tok0 = top_k_logprobs(state.logits, K)
-        score0 = node_scores(spec.selection, logq0, 0, params)
+        score0 = node_scores(spec.selection, logq0, 0, params, self.to_target_ids(params, tok0),
+                             jnp.full((B,), -1), jnp.zeros((B,)))
         base = state.cache.lengths - 1                           # root's draft position
 
         def step(carry, s):
-            f_scores, f_idx, f_tok, f_feat, f_anc, (wk, wv) = carry
+            f_scores, f_idx, f_logq, f_tok, f_feat, f_anc, (wk, wv) = carry
             # The pool is closed over (read only), not carried: only the window is.
             cache = kvc.WindowedCache(prefix=state.cache, k=wk, v=wv)
             slot = (s - 1) * K + jnp.arange(K)                   # this step's transient slots
@@ -232,11 +233,14 @@ class RecurrentDrafter(DraftModuleDefaults):
                 params, cfg, tparams, self.to_target_ids(params, f_tok), f_feat, s, pos, cache,
                 mask, None, (s - 1) * K)
             c_logq, c_tok = top_k_logprobs(logits, K)                       # [B, K, K]
-            scores, keep = expand_frontier(f_scores, node_scores(spec.selection, c_logq, s, params))
+            c_scores = node_scores(spec.selection, c_logq, s, params,
+                                   self.to_target_ids(params, c_tok), f_idx % K, f_logq)
+            scores, keep = expand_frontier(f_scores, c_scores)
             parent_slot = keep // K
             new = (
                 jnp.take_along_axis(scores, keep, 1),
                 pool_offset(s, K) + keep,
+                jnp.take_along_axis(c_logq.reshape(B, K * K), keep, 1),
                 jnp.take_along_axis(c_tok.reshape(B, K * K), keep, 1),
                 jnp.take_along_axis(out, parent_slot[..., None], 1),
                 jnp.take_along_axis(mask, parent_slot[..., None], 1),
@@ -247,8 +251,8 @@ class RecurrentDrafter(DraftModuleDefaults):
         f_feat = jnp.broadcast_to(state.feature[:, None], (B, K, state.feature.shape[-1]))
         empty = kvc.WindowedCache.empty(state.cache, W)
         window = (empty.k, empty.v)
-        init = (score0, jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K)), tok0, f_feat,
-                jnp.zeros((B, K, W), bool), window)
+        init = (score0, jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K)), logq0, tok0,
+                f_feat, jnp.zeros((B, K, W), bool), window)
         parts = [(tok0, score0, logq0, jnp.full((B, K), -1, jnp.int32))]
         if S > 1:
             _, steps = jax.lax.scan(step, init, jnp.arange(1, S))

@@ -57,7 +57,7 @@ from jspec.drafters.hf_io import save_hf_drafter, state_dict_from_drafter
 from jspec.drafters.hf_layout import Tensors, dtype_name, read_config
 from jspec.drafters.orbax_format import CONFIG_FILE as DRAFTER_CONFIG_FILE
 from jspec.drafters.orbax_format import save_drafter
-from jspec.tree import calibration
+from jspec.tree import calibration as _calibration
 
 
 def _claimed(d: Path) -> registry.DrafterKind | None:
@@ -83,7 +83,7 @@ def _as_config(target) -> LlamaConfig:
 
 
 def load_drafter(path: str | os.PathLike, target_config, dtype=None, *, kind: str | None = None,
-                 aux_layers=None, mesh=None) -> Drafter:
+                 aux_layers=None, mesh=None, calibration: bool = True) -> Drafter:
     """Load a drafter for ``target_config`` (a :class:`LlamaConfig` or a ``Target``).
 
     ``kind`` forces the layout (``"eagle1"``, ``"eagle3"``, ``"mtp"``, ``"medusa"``), or
@@ -94,7 +94,8 @@ def load_drafter(path: str | os.PathLike, target_config, dtype=None, *, kind: st
     A ``d2t`` that is all zeros over a reduced draft vocabulary (the map of a buffer saved
     before it was filled) loads, with a warning on the ``"jspec"`` logger.
     A ``jspec_calibration.json`` beside the weights (``python -m jspec.train calibrate``)
-    is attached for ``SpecConfig(selection="calibrated")``. ``mesh``: parameters placed by
+    is attached for ``SpecConfig(selection="calibrated")``, unless ``calibration=False``
+    (the calibrate command itself, which replaces it). ``mesh``: parameters placed by
     :func:`jspec.sharding.drafter_shardings` (a jspec Orbax drafter is restored straight into
     them; HF layouts are read slice by slice into them).
     """
@@ -102,11 +103,13 @@ def load_drafter(path: str | os.PathLike, target_config, dtype=None, *, kind: st
                             mesh=mesh)
     vocab.warn_zero_d2t(drafter.module, drafter.params, _as_config(target_config).vocab_size,
                         path)
+    if not calibration:
+        return drafter
     try:
-        table = calibration.load(path)
-    except (calibration.CalibrationError, ValueError, KeyError) as e:
-        raise CheckpointError(f"{Path(path) / calibration.FILENAME}: {e}") from e
-    return drafter if table is None else calibration.attach(drafter, table)
+        model = _calibration.load(path)
+        return drafter if model is None else _calibration.attach(drafter, model)
+    except (_calibration.CalibrationError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{Path(path) / _calibration.FILENAME}: {e}") from e
 
 
 def _load_drafter(path, target_config, dtype=None, *, kind=None, aux_layers=None,

@@ -57,11 +57,11 @@ def save_drafter(drafter, path, overwrite: bool = False) -> None:
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=1))
         ckptr = ocp.PyTreeCheckpointer()
         params = dict(nn.unbox(drafter.params))
-        table = params.pop(calibration.PARAM_KEY, None)
+        model = params.pop(calibration.PARAM_KEY, None)
         ckptr.save(tmp / PARAMS_DIR, jax.tree_util.tree_map(np.asarray, params))
         ckptr.close()
-        if table is not None:
-            calibration.save(tmp, np.asarray(table), {"saved_with": "save_drafter"})
+        if model is not None:
+            calibration.save(tmp, model, {"saved_with": "save_drafter"})
 
 
 def read_meta(d: Path) -> dict:

@@ -159,21 +159,21 @@ def cmd_calibrate(a):
     from jspec.train import regen
     from jspec.tree import calibration
     target = jspec.load_target(a.target)
-    drafter = load_drafter(a.drafter, target.config)
+    drafter = load_drafter(a.drafter, target.config, calibration=False)
     seqs = regen.load_sequences(a.heldout_seqs)
     fit_seqs, eval_seqs = seqs[_range(a.fit_range)], seqs[_range(a.eval_range)]
     if not len(fit_seqs) or not len(eval_seqs):
         raise SystemExit(f"{a.heldout_seqs} holds {len(seqs)} sequences: --fit-range "
                          f"{a.fit_range} or --eval-range {a.eval_range} selects none")
-    table, summary = K.calibrate(target, drafter, fit_seqs, stride=a.stride, ranks=a.ranks)
+    model, summary = K.calibrate(target, drafter, fit_seqs, stride=a.stride, ranks=a.ranks)
     summary["fit_range"], summary["heldout_seqs"] = a.fit_range, str(a.heldout_seqs)
     if not a.no_write:
-        print(f"wrote {calibration.save(a.drafter, table, summary)}")
-    self_table = None
+        print(f"wrote {calibration.save(a.drafter, model, summary)}")
+    self_model = None
     if a.ceiling:
-        self_table, self_summary = K.calibrate(target, drafter, fit_seqs, stride=a.stride,
+        self_model, self_summary = K.calibrate(target, drafter, fit_seqs, stride=a.stride,
                                                self_draft=True)
-    rows = K.compare(target, drafter, table, eval_seqs, stride=a.stride, self_table=self_table,
+    rows = K.compare(target, drafter, model, eval_seqs, stride=a.stride, self_model=self_model,
                      prompts=_prompts(a.prompts) if a.prompts else ())
     print(K.format_rows(rows))
     if a.json:
@@ -256,7 +256,7 @@ def main(argv=None):
                    help="also the target as its own drafter (K target passes per tree step)")
     c.add_argument("--ranks", type=int, default=8,
                    help="sibling ranks calibrated separately (1: per depth only)")
-    c.add_argument("--no-write", action="store_true", help="do not write the table")
+    c.add_argument("--no-write", action="store_true", help="do not write the model")
     c.add_argument("--json", default="")
     c.set_defaults(fn=cmd_calibrate)
 

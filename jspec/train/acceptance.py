@@ -160,6 +160,7 @@ class TeacherForced:
     def _fn(self, module, spec, what: str):
         """A jitted run over one chunk: ``what="accept"`` -> accept lengths ``[B]``;
         ``"records"`` -> ``(parent_on_path, hit, logq) [B, M]`` for calibration."""
+        from jspec.tree.calibration import pool_features
         from jspec.tree.select import CandidatePool, select_pool
         S = _depth(module, spec) if module is not None else spec.num_steps
         cfg, B = self.target.config, self.chunk
@@ -198,7 +199,8 @@ class TeacherForced:
             for _ in range(S - 1):
                 on = match & (root_child | jnp.take_along_axis(on, par, axis=1))
             parent_on = root_child | jnp.take_along_axis(on, par, axis=1)
-            return parent_on, on, pool.logq
+            x = pool_features(pool.logq, pool.parents, spec.topk)
+            return parent_on, on, pool.logq, x, pool.tokens
         return run
 
     def _chunks(self, module, dparams):
@@ -235,7 +237,7 @@ class TeacherForced:
 
     def accept(self, drafter: Drafter | None, spec, calibration=None) -> float:
         """Mean accept length of ``drafter`` (None: the target as its own drafter, for the
-        ceiling; ``calibration``: its table when ``spec.selection == "calibrated"``)."""
+        ceiling; ``calibration``: its model when ``spec.selection == "calibrated"``)."""
         module = None if drafter is None else drafter.module
         self._check_depth(module, spec)
         dparams = drafter.params if drafter is not None else _self_params(calibration)
@@ -249,29 +251,33 @@ class TeacherForced:
     def records(self, drafter: Drafter | None, spec) -> dict:
         """Calibration records from the EAGLE-2 candidate pools of ``spec`` at every row:
         for each candidate whose parent is on the target's greedy path, its tree ``step``,
-        sibling ``rank``, drafter probability ``q``, the probability ``q0`` of its rank-0
-        sibling and whether it is the greedy token."""
+        sibling ``rank``, drafter probability ``q``, calibration features ``x [n, F]``
+        (:func:`jspec.tree.calibration.node_features`), target-vocabulary ``token`` and
+        whether it is the greedy token (``hit``)."""
         from jspec.tree.select import CandidatePool
         module = None if drafter is None else drafter.module
         self._check_depth(module, spec)
         dparams = drafter.params if drafter is not None else {}
         run = self._fn(module, spec, "records")
         step, rank = (np.asarray(x) for x in CandidatePool.depth_rank(spec.pool_size, spec.topk))
-        out = {k: [] for k in ("step", "rank", "q", "q0", "hit")}
+        out = {k: [] for k in ("step", "rank", "q", "x", "token", "hit")}
         for n, args in self._chunks(module, dparams):
-            elig, hit, logq = (np.asarray(x)[:n] for x in run(*args))
+            elig, hit, logq, x, tok = (np.asarray(a)[:n] for a in run(*args))
             rows, cols = np.nonzero(elig)
             out["step"].append(step[cols])
             out["rank"].append(rank[cols])
             out["q"].append(np.exp(logq[rows, cols]))
-            out["q0"].append(np.exp(logq[rows, cols - rank[cols]]))     # siblings are contiguous
+            out["x"].append(x[rows, cols])
+            out["token"].append(tok[rows, cols])
             out["hit"].append(hit[rows, cols])
         return {k: np.concatenate(v) for k, v in out.items()}
 
 
 def _self_params(calibration):
     from jspec.tree.calibration import PARAM_KEY
-    return {} if calibration is None else {PARAM_KEY: jnp.asarray(calibration, jnp.float32)}
+    if calibration is None:
+        return {}
+    return {PARAM_KEY: {k: jnp.asarray(v, jnp.float32) for k, v in calibration.items()}}
 
 
 # ------------------------------------------------------------------ table

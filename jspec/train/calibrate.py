@@ -33,48 +33,118 @@ def _teacher_forced(target, drafter, seqs, stride, depth):
                          max_depth=depth)
 
 
-def fit_records(rec: dict, **kw) -> tuple[np.ndarray, dict]:
-    """Records -> (table, summary: counts and log-losses)."""
-    table = C.fit(rec["step"], rec["rank"], rec["q"], rec["hit"], **kw)
-    nll_cal, nll_raw = C.log_loss(table, rec["step"], rec["rank"], rec["q"], rec["hit"])
-    return table, {"records": int(len(rec["hit"])), "hit_rate": float(np.mean(rec["hit"])),
+def _logistic(x, y, offset, prior, l2: float, iters: int = 30):
+    """Newton's method with backtracking for a logistic regression with a fixed offset, its
+    weights pulled towards ``prior`` by an L2 term (which also keeps a separable cell, one the
+    drafter always or never gets right, finite)."""
+    def loss(w):
+        z = offset + x @ w
+        return np.sum(np.logaddexp(0, z) - y * z) + 0.5 * l2 * np.sum((w - prior) ** 2)
+    eye, w = l2 * np.eye(x.shape[1]), prior.copy()
+    cur = loss(w)
+    for _ in range(iters):
+        p = 1 / (1 + np.exp(-np.clip(offset + x @ w, -40, 40)))
+        g = x.T @ (p - y) + l2 * (w - prior)
+        step, t = np.linalg.solve((x * (p * (1 - p))[:, None]).T @ x + eye, g), 1.0
+        while t > 1e-4 and loss(w - t * step) > cur:
+            t /= 2
+        if t <= 1e-4:
+            break
+        w = w - t * step
+        new = loss(w)
+        if cur - new < 1e-9 * max(1.0, abs(cur)):
+            break
+        cur = new
+    return w
+
+
+def fit(rec: dict, vocab: int, *, depths: int = 8, ranks: int = 8, l2: float = 1.0,
+        token_l2: float = 3.0, rounds: int = 3) -> dict:
+    """Records (:meth:`TeacherForced.records`) -> a calibration model ``{"weights": [depths,
+    ranks, F], "token_bias": [vocab]}`` (:mod:`jspec.tree.calibration`).
+
+    Each (step, rank) cell is a logistic regression on the node features, pulled by ``l2``
+    towards its neighbour: the same rank at the previous step, or at step 0 the previous
+    rank (a 1% rate for the first cell). A cell with few records thus stays close to its
+    neighbour, and one with none copies it. The token biases are a diagonal Newton fit with
+    an L2 prior (``token_l2`` pseudo-observations' worth of pull towards 0, so a rare token
+    keeps a small bias); the two alternate ``rounds`` times.
+    """
+    x, y, tok = rec["x"].astype(np.float64), rec["hit"].astype(np.float64), rec["token"]
+    s, r = np.minimum(rec["step"], depths - 1), np.minimum(rec["rank"], ranks - 1)
+    W = np.zeros((depths, ranks, x.shape[1]))
+    first = np.zeros(x.shape[1])
+    first[0] = np.log(0.01 / 0.99)
+    bias = np.zeros(vocab)
+    for _ in range(rounds):
+        offset = bias[tok]
+        for d in range(depths):
+            for k in range(ranks):
+                prior = W[d - 1, k] if d else (W[d, k - 1] if k else first)
+                sel = (s == d) & (r == k)
+                W[d, k] = _logistic(x[sel], y[sel], offset[sel], prior, l2) if sel.any() else prior
+        z = np.einsum("nf,nf->n", x, W[s, r])
+        for _ in range(30):
+            p = 1 / (1 + np.exp(-np.clip(z + bias[tok], -40, 40)))
+            bias -= (np.bincount(tok, p - y, vocab) + token_l2 * bias) \
+                / (np.bincount(tok, p * (1 - p), vocab) + token_l2)
+    return {"weights": W.astype(np.float32), "token_bias": bias.astype(np.float32)}
+
+
+def log_loss(model: dict, rec: dict) -> tuple[float, float]:
+    """Mean negative log-likelihood of ``hit`` under the model and under the drafter's raw q:
+    how much better the model predicts acceptance."""
+    hit = np.asarray(rec["hit"], bool)
+    cal = np.asarray(C.log_rates(model, rec["step"], rec["rank"], rec["x"], rec["token"]))
+
+    def nll(logp):
+        p = np.clip(np.exp(logp), 1e-6, 1 - 1e-6)
+        return float(-np.mean(np.where(hit, np.log(p), np.log1p(-p))))
+    return nll(cal), nll(np.log(np.clip(rec["q"], 1e-12, 1.0)))
+
+
+def fit_records(rec: dict, vocab: int, **kw) -> tuple[dict, dict]:
+    """Records -> (model, summary: counts and log-losses)."""
+    model = fit(rec, vocab, **kw)
+    nll_cal, nll_raw = log_loss(model, rec)
+    return model, {"records": int(len(rec["hit"])), "hit_rate": float(np.mean(rec["hit"])),
                    "nll_calibrated": nll_cal, "nll_drafter": nll_raw}
 
 
 def calibrate(target, drafter, seqs, *, stride: int = 2, spec: SpecConfig = CALIBRATION_SPEC,
               self_draft: bool = False, ranks: int = 8, log=print):
-    """Fit on ``seqs``. Returns ``(table, summary, tf)``; with ``self_draft`` the table is the
+    """Fit on ``seqs``. Returns ``(model, summary)``; with ``self_draft`` the model is the
     target-as-drafter's (``drafter`` then only names the aux layers to prepare). ``ranks=1``
-    calibrates per depth only (every sibling rank shares one curve)."""
+    fits one cell per depth (every sibling rank shares its weights)."""
     t0 = time.time()
     if self_draft:
         spec, seqs = SELF_CALIBRATION_SPEC, seqs[:SELF_FIT_SEQS]
     tf = _teacher_forced(target, drafter, seqs, stride, spec.num_steps)
     rec = tf.records(None if self_draft else drafter, spec)
-    table, summary = fit_records(rec, ranks=ranks)
+    model, summary = fit_records(rec, target.config.vocab_size, ranks=ranks)
     summary.update(spec=spec_name(spec), ranks=ranks, rows=int(len(tf.rows)), seconds=time.time() - t0)
     log(f"calibration ({'target as drafter' if self_draft else drafter.kind}): {summary}")
-    return table, summary
+    return model, summary
 
 
-def compare(target, drafter, table, seqs, *, stride: int = 2, specs=COMPARE_SPECS,
-            self_table=None, prompts=(), max_new_tokens: int = 128, log=print) -> list[dict]:
+def compare(target, drafter, model, seqs, *, stride: int = 2, specs=COMPARE_SPECS,
+            self_model=None, prompts=(), max_new_tokens: int = 128, log=print) -> list[dict]:
     """Teacher-forced mean accept length under EAGLE-2 and calibrated selection, on ``seqs``;
-    rows for the target as its own drafter when ``self_table`` is given; with ``prompts``,
+    rows for the target as its own drafter when ``self_model`` is given; with ``prompts``,
     also end to end (greedy :func:`jspec.generate`, tokens per verify pass)."""
     from jspec.train.acceptance import e2e_accept
     tf = _teacher_forced(target, drafter, seqs, stride, max(s.num_steps for s in specs))
-    calibrated = C.attach(drafter, table)
+    calibrated = C.attach(drafter, model)
     rows = []
     for spec in specs:
         sources = [(drafter.kind, drafter, None)]
-        if self_table is not None and spec in CEILING_SPECS:
-            sources.append(("target as drafter", None, self_table))
-        for name, d, tab in sources:
+        if self_model is not None and spec in CEILING_SPECS:
+            sources.append(("target as drafter", None, self_model))
+        for name, d, mod in sources:
             t0 = time.time()
             e2 = tf.accept(d, spec)
             cal = tf.accept(calibrated if d is not None else None,
-                            spec.with_selection("calibrated"), calibration=tab)
+                            spec.with_selection("calibrated"), calibration=mod)
             row = {"drafter": name, "spec": spec_name(spec), "eagle2": e2, "calibrated": cal,
                    "gain": cal / e2 - 1, "rows": int(len(tf.rows)), "seconds": time.time() - t0}
             if prompts and d is not None:

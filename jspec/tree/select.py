@@ -128,18 +128,20 @@ def grow_pool(tok0: jax.Array, logq0: jax.Array, children, num_steps: int,
     ``selection`` (:func:`jspec.tree.calibration.node_scores`)."""
     from jspec.tree.calibration import node_scores
     B, K = tok0.shape
-    score0 = node_scores(selection, logq0, 0, params)
+    score0 = node_scores(selection, logq0, 0, params, tok0, jnp.full((B,), -1), jnp.zeros((B,)))
     parts = [(tok0, score0, logq0, jnp.full((B, K), -1, jnp.int32))]
-    f_scores, f_idx, paths = score0, jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K)), \
-        tok0[:, :, None]
+    f_idx = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K))
+    f_scores, f_logq, paths = score0, logq0, tok0[:, :, None]
     for s in range(1, num_steps):
         c_logq, c_tok = children(s, paths)
-        scores, keep = expand_frontier(f_scores, node_scores(selection, c_logq, s, params))
-        toks = c_tok.reshape(B, K * K)
-        parts.append((toks, scores, c_logq.reshape(B, K * K), pool_parent_index(f_idx, K)))
+        scores, keep = expand_frontier(
+            f_scores, node_scores(selection, c_logq, s, params, c_tok, f_idx % K, f_logq))
+        toks, logqs = c_tok.reshape(B, K * K), c_logq.reshape(B, K * K)
+        parts.append((toks, scores, logqs, pool_parent_index(f_idx, K)))
         paths = jnp.concatenate([jnp.take_along_axis(paths, (keep // K)[..., None], axis=1),
                                  jnp.take_along_axis(toks, keep, 1)[..., None]], axis=2)
         f_scores, f_idx = jnp.take_along_axis(scores, keep, 1), pool_offset(s, K) + keep
+        f_logq = jnp.take_along_axis(logqs, keep, 1)
     tok, score, logq, par = (jnp.concatenate(x, 1) for x in zip(*parts))
     return CandidatePool(tokens=tok, scores=score, logq=logq, parents=par)
 
