@@ -76,7 +76,7 @@ def rank_model():
     trees."""
     import numpy as np
 
-    from jspec.tree.calibration import FEATURES
+    from jspec.tree.calibration import FEATURES, PAIR_BUCKETS
 
     def make(vocab: int):
         D, R = 8, 8
@@ -85,5 +85,6 @@ def rank_model():
         w = np.zeros((D, R, len(FEATURES)), np.float32)
         w[..., 0] = np.log(rate / (1 - rate))
         w[..., 1] = 0.5                                           # on log q
-        return {"weights": w, "token_bias": np.zeros(vocab, np.float32)}
+        return {"weights": w, "token_bias": np.zeros(2 * vocab, np.float32),
+                "pair_bias": np.zeros(PAIR_BUCKETS, np.float32)}
     return make

@@ -20,37 +20,61 @@ from jspec.tree.select import select_pool
 
 def synthetic_records(n, vocab, rng, D=3, R=4, K=4):
     """Records drawn from a known model: sibling groups with sorted drafter log-probabilities,
-    random parents and tokens, and hits from ``sigmoid(weights . x + token_bias)``."""
+    random parents and tokens, and hits from the model's rates."""
     groups = n // K
     q = np.sort(rng.dirichlet(np.ones(8) * 0.5, groups)[:, :K], axis=1)[:, ::-1]
     prank = rng.integers(-1, 3, groups)
     plogq = np.log(rng.uniform(0.05, 1, groups))
     x = C.node_features(np.log(q), prank, plogq, xp=np).reshape(-1, len(C.FEATURES))
+    tokens = np.stack([rng.permutation(vocab)[:K] for _ in range(groups)])
+    tk, pk = (k.reshape(-1) for k in C.pair_keys(tokens, xp=np))
     step = np.repeat(rng.integers(0, D, groups), K)
     rank = np.tile(np.arange(K), groups)
-    token = rng.integers(0, vocab, len(x))
     w = rng.normal(0, 0.6, (D, R, len(C.FEATURES))).astype(np.float32)
     w[..., 0] -= 1.0
-    model = {"weights": w, "token_bias": rng.normal(0, 1.0, vocab).astype(np.float32)}
-    rate = np.exp(np.asarray(C.log_rates(model, step, rank, x, token)))
-    rec = {"step": step, "rank": rank, "q": q.reshape(-1), "x": x, "token": token,
-           "hit": rng.uniform(size=len(x)) < rate}
+    model = {"weights": w, "token_bias": rng.normal(0, 0.7, 2 * vocab).astype(np.float32),
+             "pair_bias": rng.normal(0, 0.7, C.PAIR_BUCKETS).astype(np.float32)}
+    rate = np.exp(np.asarray(C.log_rates(model, step, rank, x, tk, pk)))
+    rec = {"step": step, "rank": rank, "q": q.reshape(-1), "x": x, "token_key": tk,
+           "pair_key": pk, "hit": rng.uniform(size=len(x)) < rate}
     return rec, model, rate
 
 
 def test_fit_recovers_a_known_model_and_beats_raw_q():
     rng = np.random.default_rng(0)
-    rec, _, rate = synthetic_records(400_000, 16, rng)
-    model = fit(rec, 16, depths=4, ranks=4)
+    rec, _, rate = synthetic_records(400_000, 8, rng)
+    model = fit(rec, 8, depths=4, ranks=4)
     assert model["weights"].shape == (4, 4, len(C.FEATURES)) and model["token_bias"].shape == (16,)
-    fitted = np.exp(np.asarray(
-        C.log_rates(model, rec["step"], rec["rank"], rec["x"], rec["token"])))
+    fitted = np.exp(np.asarray(C.log_rates(model, rec["step"], rec["rank"], rec["x"],
+                                           rec["token_key"], rec["pair_key"])))
     assert np.all(fitted < 1)
-    assert np.mean(np.abs(fitted - rate)) < 0.01
+    assert np.mean(np.abs(fitted - rate)) < 0.015
     # Step 3 was never observed: it copies step 2.
     np.testing.assert_array_equal(model["weights"][3], model["weights"][2])
     nll_cal, nll_raw = log_loss(model, rec)
     assert nll_cal < nll_raw
+    # Without its pair biases the fit still beats raw q, but not the model that has them.
+    no_pairs = fit(rec, 8, depths=4, ranks=4, pairs=False, rounds=1)
+    assert not no_pairs["pair_bias"].any()
+    assert nll_cal < log_loss(no_pairs, rec)[0] < nll_raw
+
+
+def test_pair_keys():
+    keys = lambda t: [np.asarray(k) for k in C.pair_keys(jnp.array([t]))]
+    tk, pk = keys([5, 7, 9])
+    np.testing.assert_array_equal(tk, [[10, 15, 19]])               # 2 * token + (rank > 0)
+    assert np.all((pk >= 0) & (pk < C.PAIR_BUCKETS)) and len(set(pk[0])) == 3
+    _, other = keys([5, 7, 11])
+    np.testing.assert_array_equal(other[0, :2], pk[0, :2])          # same token and rival
+    assert other[0, 2] != pk[0, 2]
+    _, other = keys([6, 7, 9])                                      # rank 0 is every rival
+    assert np.all(other[0] != pk[0])
+    _, other = keys([5, 8, 9])                                      # rank 1 rivals rank 0
+    assert other[0, 0] != pk[0, 0] and other[0, 2] == pk[0, 2]
+    for a, b in zip(C.pair_keys(np.array([[5, 7, 9]]), xp=np), (tk, pk)):
+        np.testing.assert_array_equal(a, b)                         # numpy hashes alike
+    chain_tk, chain_pk = keys([5])
+    assert chain_tk[0, 0] == 10 and 0 <= chain_pk[0, 0] < C.PAIR_BUCKETS
 
 
 def test_node_features_and_log_rates():
@@ -69,12 +93,15 @@ def test_node_features_and_log_rates():
     np.testing.assert_array_equal(x, in_numpy)
     w = np.zeros((2, 2, len(C.FEATURES)), np.float32)
     w[0, 0, 1], w[1, 1, 0] = 1.0, -2.0
-    model = {"weights": w, "token_bias": np.array([0.0, 0.5, -0.5], np.float32)}
-    lr = lambda step, rank, tok: float(C.log_rates(model, step, rank, x[0, 0], tok))
-    assert lr(0, 0, 1) == pytest.approx(np.log(1 / (1 + np.exp(-(np.log(0.6) + 0.5)))), abs=1e-6)
-    assert lr(5, 7, 2) == pytest.approx(np.log(1 / (1 + np.exp(2.5))), abs=1e-6)   # last cell
+    model = {"weights": w, "token_bias": np.array([0.0, 0.5, -0.5, 0.0], np.float32),
+             "pair_bias": np.zeros(C.PAIR_BUCKETS, np.float32)}
+    model["pair_bias"][7] = 0.25
+    lr = lambda step, rank, tk, pk: float(C.log_rates(model, step, rank, x[0, 0], tk, pk))
+    assert lr(0, 0, 1, 7) == pytest.approx(
+        np.log(1 / (1 + np.exp(-(np.log(0.6) + 0.75)))), abs=1e-6)
+    assert lr(5, 7, 2, 0) == pytest.approx(np.log(1 / (1 + np.exp(2.5))), abs=1e-6)  # last cell
     scores = C.node_scores("calibrated", jnp.asarray(logq), 0, {C.PARAM_KEY: model},
-                           jnp.array([[0, 1, 2]] * 2), jnp.array([-1, 2]), jnp.array([0.0, -1.5]))
+                           jnp.array([[0, 1, 2]] * 2) // 2, jnp.array([-1, 2]), jnp.array([0.0, -1.5]))
     assert scores[1, 2] == -np.inf and bool(jnp.all(scores[:, :2] < 0))
     lq = jnp.asarray(logq)
     assert C.node_scores("eagle2", lq, 0, {}) is lq
@@ -92,6 +119,7 @@ def tiny():
 def test_calibrated_selection_drafts_other_closed_trees(tiny, rank_model):
     model = rank_model(64)
     model["token_bias"][::3] = -1.0                  # so the token ids the loop reads matter
+    model["pair_bias"][::5] = 0.5
     d = C.attach(random_drafter("eagle3", tiny.config, jax.random.key(1)), model)
     m, B, T, ps = d.module, 4, 12, 8
     table = kvc.allocate_page_table([T + 40] * B, ps, B * 8)
@@ -114,8 +142,8 @@ def test_calibrated_selection_drafts_other_closed_trees(tiny, rank_model):
             # The loop's scores are the path sums of the model over the pool's own features,
             # the ones calibration records are fitted on (one definition of the features).
             step, rank = pool.depth_rank(pool.scores.shape[1], 4)
-            x = C.pool_features(pool.logq, pool.parents, 4)
-            rates = C.log_rates(model, step, rank, x, pool.tokens)
+            rates = C.log_rates(model, step, rank,
+                                *C.pool_features(pool.logq, pool.parents, pool.tokens, 4))
             parent_score = jnp.where(pool.parents < 0, 0.0,
                                      jnp.take_along_axis(pool.scores, par, 1))
             np.testing.assert_allclose(pool.scores, parent_score + rates, rtol=1e-5, atol=1e-5)
@@ -127,10 +155,11 @@ def test_stored_beside_the_drafter_checkpoint(tiny, rank_model, tmp_path):
     d = random_drafter("eagle1", tiny.config, jax.random.key(1))
     model = rank_model(64)
     model["token_bias"][[3, 40]] = [0.25, -1.5]
+    model["pair_bias"][[0, 1000, C.PAIR_BUCKETS - 1]] = [0.5, -0.125, 2.0]
     save_drafter(C.attach(d, model), tmp_path / "d")
     assert (tmp_path / "d" / C.FILENAME).is_file()
     back = load_drafter(tmp_path / "d", tiny.config).params[C.PARAM_KEY]
-    for k in ("weights", "token_bias"):                     # stored to 5 and 4 decimals
+    for k in C.KEYS:                                        # stored to 5 and 4 decimals
         np.testing.assert_allclose(np.asarray(back[k]), model[k], atol=1e-4)
     save_drafter(d, tmp_path / "plain")
     assert C.PARAM_KEY not in load_drafter(tmp_path / "plain", tiny.config).params
@@ -139,10 +168,10 @@ def test_stored_beside_the_drafter_checkpoint(tiny, rank_model, tmp_path):
     with pytest.raises(CheckpointError, match="version 1.*jspec.train calibrate"):
         load_drafter(tmp_path / "plain", tiny.config)
     C.save(tmp_path / "plain", rank_model(65))               # another target's vocabulary
-    with pytest.raises(CheckpointError, match=r"token_bias must be \[64\]"):
+    with pytest.raises(CheckpointError, match=r"token_bias must be \[128\]"):
         load_drafter(tmp_path / "plain", tiny.config)
     with pytest.raises(C.CalibrationError, match="weights must be"):
-        C.attach(d, {"weights": np.zeros((2, 2)), "token_bias": np.zeros(64)})
+        C.attach(d, {**model, "weights": np.zeros((2, 2))})
 
 
 def test_target_as_its_own_drafter_reaches_the_chain_ceiling_when_calibrated(tiny):

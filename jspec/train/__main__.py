@@ -25,7 +25,7 @@ calibrate  fit the drafter's acceptance calibration (for ``SpecConfig(selection=
            the target as its own drafter)
            ``python -m jspec.train calibrate --target DIR --drafter D --heldout-seqs S
            [--fit-range 100:160] [--eval-range 0:20] [--stride 2] [--ranks 8] [--ceiling]
-           [--prompts FILE] [--json F]``
+           [--no-pairs] [--prompts FILE] [--json F]``
 
 Outputs (sequences, features, checkpoints) belong outside the repository.
 """
@@ -165,7 +165,8 @@ def cmd_calibrate(a):
     if not len(fit_seqs) or not len(eval_seqs):
         raise SystemExit(f"{a.heldout_seqs} holds {len(seqs)} sequences: --fit-range "
                          f"{a.fit_range} or --eval-range {a.eval_range} selects none")
-    model, summary = K.calibrate(target, drafter, fit_seqs, stride=a.stride, ranks=a.ranks)
+    model, summary = K.calibrate(target, drafter, fit_seqs, stride=a.stride, ranks=a.ranks,
+                                 pairs=not a.no_pairs)
     summary["fit_range"], summary["heldout_seqs"] = a.fit_range, str(a.heldout_seqs)
     if not a.no_write:
         print(f"wrote {calibration.save(a.drafter, model, summary)}")
@@ -256,6 +257,8 @@ def main(argv=None):
                    help="also the target as its own drafter (K target passes per tree step)")
     c.add_argument("--ranks", type=int, default=8,
                    help="sibling ranks calibrated separately (1: per depth only)")
+    c.add_argument("--no-pairs", action="store_true",
+                   help="no (token, rival) pair biases (see jspec.train.calibrate.fit)")
     c.add_argument("--no-write", action="store_true", help="do not write the model")
     c.add_argument("--json", default="")
     c.set_defaults(fn=cmd_calibrate)

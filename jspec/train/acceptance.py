@@ -199,8 +199,9 @@ class TeacherForced:
             for _ in range(S - 1):
                 on = match & (root_child | jnp.take_along_axis(on, par, axis=1))
             parent_on = root_child | jnp.take_along_axis(on, par, axis=1)
-            x = pool_features(pool.logq, pool.parents, spec.topk)
-            return parent_on, on, pool.logq, x, pool.tokens
+            x, token_key, pair_key = pool_features(pool.logq, pool.parents, pool.tokens,
+                                                   spec.topk)
+            return parent_on, on, pool.logq, x, token_key, pair_key
         return run
 
     def _chunks(self, module, dparams):
@@ -251,8 +252,8 @@ class TeacherForced:
     def records(self, drafter: Drafter | None, spec) -> dict:
         """Calibration records from the EAGLE-2 candidate pools of ``spec`` at every row:
         for each candidate whose parent is on the target's greedy path, its tree ``step``,
-        sibling ``rank``, drafter probability ``q``, calibration features ``x [n, F]``
-        (:func:`jspec.tree.calibration.node_features`), target-vocabulary ``token`` and
+        sibling ``rank``, drafter probability ``q``, calibration features ``x [n, F]`` and
+        keys ``token_key``, ``pair_key`` (:func:`jspec.tree.calibration.pool_features`), and
         whether it is the greedy token (``hit``)."""
         from jspec.tree.select import CandidatePool
         module = None if drafter is None else drafter.module
@@ -260,15 +261,16 @@ class TeacherForced:
         dparams = drafter.params if drafter is not None else {}
         run = self._fn(module, spec, "records")
         step, rank = (np.asarray(x) for x in CandidatePool.depth_rank(spec.pool_size, spec.topk))
-        out = {k: [] for k in ("step", "rank", "q", "x", "token", "hit")}
+        out = {k: [] for k in ("step", "rank", "q", "x", "token_key", "pair_key", "hit")}
         for n, args in self._chunks(module, dparams):
-            elig, hit, logq, x, tok = (np.asarray(a)[:n] for a in run(*args))
+            elig, hit, logq, x, token_key, pair_key = (np.asarray(a)[:n] for a in run(*args))
             rows, cols = np.nonzero(elig)
             out["step"].append(step[cols])
             out["rank"].append(rank[cols])
             out["q"].append(np.exp(logq[rows, cols]))
             out["x"].append(x[rows, cols])
-            out["token"].append(tok[rows, cols])
+            out["token_key"].append(token_key[rows, cols])
+            out["pair_key"].append(pair_key[rows, cols])
             out["hit"].append(hit[rows, cols])
         return {k: np.concatenate(v) for k, v in out.items()}
 

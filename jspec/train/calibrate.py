@@ -58,44 +58,60 @@ def _logistic(x, y, offset, prior, l2: float, iters: int = 30):
     return w
 
 
+def _bias(keys, y, z, bias, l2: float, iters: int = 30):
+    """Diagonal Newton for additive biases over ``keys`` on top of logits ``z``, each pulled
+    towards 0 by ``l2`` (pseudo-observations' worth: a rare key keeps a small bias)."""
+    n = bias.size
+    for _ in range(iters):
+        p = 1 / (1 + np.exp(-np.clip(z + bias[keys], -40, 40)))
+        bias = bias - (np.bincount(keys, p - y, n) + l2 * bias) \
+            / (np.bincount(keys, p * (1 - p), n) + l2)
+    return bias
+
+
 def fit(rec: dict, vocab: int, *, depths: int = 8, ranks: int = 8, l2: float = 1.0,
-        token_l2: float = 3.0, rounds: int = 3) -> dict:
-    """Records (:meth:`TeacherForced.records`) -> a calibration model ``{"weights": [depths,
-    ranks, F], "token_bias": [vocab]}`` (:mod:`jspec.tree.calibration`).
+        token_l2: float = 10.0, pair_l2: float = 3.0, pairs: bool = True,
+        rounds: int = 3) -> dict:
+    """Records (:meth:`TeacherForced.records`) -> a calibration model (:mod:`jspec.tree.calibration`):
+    ``weights [depths, ranks, F]``, ``token_bias [2 * vocab]``, ``pair_bias [PAIR_BUCKETS]``.
 
     Each (step, rank) cell is a logistic regression on the node features, pulled by ``l2``
     towards its neighbour: the same rank at the previous step, or at step 0 the previous
     rank (a 1% rate for the first cell). A cell with few records thus stays close to its
-    neighbour, and one with none copies it. The token biases are a diagonal Newton fit with
-    an L2 prior (``token_l2`` pseudo-observations' worth of pull towards 0, so a rare token
-    keeps a small bias); the two alternate ``rounds`` times.
+    neighbour, and one with none copies it. The token and pair biases are diagonal Newton
+    fits with L2 priors (``token_l2``, ``pair_l2``), each on top of what comes before it;
+    the three alternate ``rounds`` times. ``pairs=False`` leaves the pair biases at 0: they
+    are the most context-specific term, the first to stop transferring when the text served
+    differs from the text fitted on.
     """
-    x, y, tok = rec["x"].astype(np.float64), rec["hit"].astype(np.float64), rec["token"]
+    x, y = rec["x"].astype(np.float64), rec["hit"].astype(np.float64)
+    tk, pk = rec["token_key"], rec["pair_key"]
     s, r = np.minimum(rec["step"], depths - 1), np.minimum(rec["rank"], ranks - 1)
     W = np.zeros((depths, ranks, x.shape[1]))
     first = np.zeros(x.shape[1])
     first[0] = np.log(0.01 / 0.99)
-    bias = np.zeros(vocab)
+    tb, pb = np.zeros(2 * vocab), np.zeros(C.PAIR_BUCKETS)
     for _ in range(rounds):
-        offset = bias[tok]
+        offset = tb[tk] + pb[pk]
         for d in range(depths):
             for k in range(ranks):
                 prior = W[d - 1, k] if d else (W[d, k - 1] if k else first)
                 sel = (s == d) & (r == k)
                 W[d, k] = _logistic(x[sel], y[sel], offset[sel], prior, l2) if sel.any() else prior
         z = np.einsum("nf,nf->n", x, W[s, r])
-        for _ in range(30):
-            p = 1 / (1 + np.exp(-np.clip(z + bias[tok], -40, 40)))
-            bias -= (np.bincount(tok, p - y, vocab) + token_l2 * bias) \
-                / (np.bincount(tok, p * (1 - p), vocab) + token_l2)
-    return {"weights": W.astype(np.float32), "token_bias": bias.astype(np.float32)}
+        tb = _bias(tk, y, z + pb[pk], tb, token_l2)
+        if pairs:
+            pb = _bias(pk, y, z + tb[tk], pb, pair_l2)
+    return {"weights": W.astype(np.float32), "token_bias": tb.astype(np.float32),
+            "pair_bias": pb.astype(np.float32)}
 
 
 def log_loss(model: dict, rec: dict) -> tuple[float, float]:
     """Mean negative log-likelihood of ``hit`` under the model and under the drafter's raw q:
     how much better the model predicts acceptance."""
     hit = np.asarray(rec["hit"], bool)
-    cal = np.asarray(C.log_rates(model, rec["step"], rec["rank"], rec["x"], rec["token"]))
+    cal = np.asarray(C.log_rates(model, rec["step"], rec["rank"], rec["x"], rec["token_key"],
+                                 rec["pair_key"]))
 
     def nll(logp):
         p = np.clip(np.exp(logp), 1e-6, 1 - 1e-6)
@@ -112,7 +128,7 @@ def fit_records(rec: dict, vocab: int, **kw) -> tuple[dict, dict]:
 
 
 def calibrate(target, drafter, seqs, *, stride: int = 2, spec: SpecConfig = CALIBRATION_SPEC,
-              self_draft: bool = False, ranks: int = 8, log=print):
+              self_draft: bool = False, ranks: int = 8, pairs: bool = True, log=print):
     """Fit on ``seqs``. Returns ``(model, summary)``; with ``self_draft`` the model is the
     target-as-drafter's (``drafter`` then only names the aux layers to prepare). ``ranks=1``
     fits one cell per depth (every sibling rank shares its weights)."""
@@ -121,8 +137,9 @@ def calibrate(target, drafter, seqs, *, stride: int = 2, spec: SpecConfig = CALI
         spec, seqs = SELF_CALIBRATION_SPEC, seqs[:SELF_FIT_SEQS]
     tf = _teacher_forced(target, drafter, seqs, stride, spec.num_steps)
     rec = tf.records(None if self_draft else drafter, spec)
-    model, summary = fit_records(rec, target.config.vocab_size, ranks=ranks)
-    summary.update(spec=spec_name(spec), ranks=ranks, rows=int(len(tf.rows)), seconds=time.time() - t0)
+    model, summary = fit_records(rec, target.config.vocab_size, ranks=ranks, pairs=pairs)
+    summary.update(spec=spec_name(spec), ranks=ranks, pairs=pairs, rows=int(len(tf.rows)),
+                   seconds=time.time() - t0)
     log(f"calibration ({'target as drafter' if self_draft else drafter.kind}): {summary}")
     return model, summary
 

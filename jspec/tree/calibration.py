@@ -5,19 +5,22 @@ Under greedy verification a drafted node survives when its token is the target's
 after its parent, and its parent survived. A drafter's probabilities are not calibrated
 for that: a rank-0 token at q = 0.3 is accepted far more often than 30% of the time, a
 rank-2 token at the same q far less, a runner-up whose rank-0 sibling is sure almost never,
-and some tokens (the rest of a word, punctuation) are surer than their q says. So the model
-here gives the probability that a node is the target's greedy token *given its parent is
-on the greedy path*, as a logistic regression per (tree step, sibling rank) cell plus a
-per-token bias:
+some tokens (the rest of a word, punctuation) are surer than their q says, and a drafter has
+habitual confusions (it ranks "he" over "she" where the target says "she"). So the model here
+gives the probability that a node is the target's greedy token *given its parent is on the
+greedy path*, as a logistic regression per (tree step, sibling rank) cell plus two biases:
 
-    rate = sigmoid(weights[min(step, D-1), min(rank, R-1)] . x + token_bias[token])
+    rate = sigmoid(weights[min(step, D-1), min(rank, R-1)] . x
+                   + token_bias[token_key] + pair_bias[pair_key])
     x    = (1, log q, log q of the rank-0 sibling, log q of the rank-1 sibling,
             parent is rank 0, parent is a later rank, log q of the parent)
 
 (:data:`FEATURES`; a root child's parent is the root: both parent flags 0, its log q 0; log
-q is floored at :data:`LOGQ_FLOOR`). ``token`` is the node's id in the *target* vocabulary.
-Everything it reads is already in the draft loop, so scoring costs a few elementwise ops and
-one gather per tree step.
+q is floored at :data:`LOGQ_FLOOR`). ``token_key`` is the node's token (target vocabulary)
+and whether it is rank 0 or later, ``2 * token + (rank > 0)``; ``pair_key`` hashes that with
+its *rival*, the rank-1 sibling's token for a rank-0 node and the rank-0 sibling's for a later
+one, into :data:`PAIR_BUCKETS` buckets (:func:`pair_keys`). Everything it reads is already in
+the draft loop, so scoring costs a few elementwise ops and two gathers per tree step.
 
 The path score is the sum of the log-rates along the path: the log of the probability that
 the whole path is accepted. It replaces the cumulative drafter log-probability in both
@@ -50,6 +53,8 @@ VERSION = 2
 FEATURES = ("bias", "logq", "logq_rank0", "logq_rank1", "parent_rank0", "parent_later",
             "parent_logq")
 LOGQ_FLOOR = -20.0              # log q below this (or -inf: a missing sibling) reads as this
+PAIR_BITS = 18
+PAIR_BUCKETS = 1 << PAIR_BITS   # hashed (token, rival, rank 0 or later) biases: 1 MB of float32
 
 
 class CalibrationError(ValueError):
@@ -73,26 +78,44 @@ def node_features(logq, parent_rank, parent_logq, xp=jnp):
                      per_parent(pr > 0), per_parent(xp.where(pr < 0, 0.0, plq))], axis=-1)
 
 
-def pool_features(logq, parents, K: int, xp=jnp):
-    """:func:`node_features` of every candidate of an EAGLE-2 pool (``logq, parents [B, M]``
-    in the layout of :mod:`jspec.tree.select`: siblings are K contiguous entries with one
-    parent) -> ``[B, M, F]``."""
+def pair_keys(tokens, xp=jnp):
+    """``tokens [..., K]``: one parent's top-K children in rank order (target vocabulary).
+    Returns ``(token_key, pair_key) [..., K]`` (see the module docstring). With K = 1 a node
+    is its own rival. The hash is multiplicative over uint32 (wrapping alike in numpy and
+    XLA), its top :data:`PAIR_BITS` bits the bucket."""
+    t = xp.asarray(tokens).astype(xp.uint32)
+    K = t.shape[-1]
+    later = (xp.arange(K) > 0).astype(xp.uint32)
+    first = xp.broadcast_to(t[..., :1], t.shape)
+    rival = xp.where(later > 0, first, xp.broadcast_to(t[..., 1:2], t.shape) if K > 1 else t)
+    h = (t * xp.uint32(0x9E3779B1)) ^ ((rival + xp.uint32(0x7F4A7C15)) * xp.uint32(0x85EBCA77)) \
+        ^ (later * xp.uint32(0xC2B2AE3D))
+    token_key = (t * xp.uint32(2) + later).astype(xp.int32)
+    return token_key, (h >> xp.uint32(32 - PAIR_BITS)).astype(xp.int32)
+
+
+def pool_features(logq, parents, tokens, K: int, xp=jnp):
+    """:func:`node_features` and :func:`pair_keys` of every candidate of an EAGLE-2 pool
+    (``logq, parents, tokens [B, M]`` in the layout of :mod:`jspec.tree.select`: siblings are
+    K contiguous entries with one parent) -> ``(x [B, M, F], token_key, pair_key [B, M])``."""
     B, M = logq.shape
     sib = logq.reshape(B, M // K, K)
     par = parents[:, ::K]                                             # [B, groups]
     safe = xp.clip(par, 0, M - 1)
     plq = xp.take_along_axis(logq, safe, axis=1)
     x = node_features(sib, xp.where(par < 0, -1, par % K), xp.where(par < 0, 0.0, plq), xp)
-    return x.reshape(B, M, len(FEATURES))
+    tk, pk = pair_keys(tokens.reshape(B, M // K, K), xp)
+    return x.reshape(B, M, len(FEATURES)), tk.reshape(B, M), pk.reshape(B, M)
 
 
-def log_rates(model, step, rank, x, tokens):
+def log_rates(model, step, rank, x, token_key, pair_key):
     """Calibrated log-rates of nodes at tree ``step`` (may be traced) with sibling ``rank``,
-    features ``x [..., F]`` and target-vocabulary ``tokens`` (broadcast together)."""
+    features ``x [..., F]`` and keys (:func:`pair_keys`), all broadcast together."""
     w = jnp.asarray(model["weights"])
     D, R, _ = w.shape
     rows = w[jnp.minimum(step, D - 1), jnp.minimum(rank, R - 1)]        # [..., F]
-    z = jnp.sum(jnp.asarray(x, jnp.float32) * rows, -1) + jnp.asarray(model["token_bias"])[tokens]
+    z = jnp.sum(jnp.asarray(x, jnp.float32) * rows, -1) \
+        + jnp.asarray(model["token_bias"])[token_key] + jnp.asarray(model["pair_bias"])[pair_key]
     return jax.nn.log_sigmoid(z)
 
 
@@ -104,13 +127,13 @@ def node_scores(selection: str, logq: jax.Array, step, params, tokens=None, pare
     rank order on the last axis; ``step``: the tree step (0 for the root's children; may be
     traced). EAGLE-2 scores a node by ``logq``; ``calibrated`` by the model in
     ``params["calibration"]``, which also reads the children's target-vocabulary ``tokens``
-    (the shape of ``logq``) and their parent's ``parent_rank`` / ``parent_logq`` (``logq``'s
+    (the shape of ``logq``, siblings in rank order too) and their parent's ``parent_rank`` / ``parent_logq`` (``logq``'s
     shape without the last axis; -1 / 0 for the root).
     """
     if selection == "eagle2":
         return logq
     x = node_features(logq, parent_rank, parent_logq)
-    out = log_rates(params[PARAM_KEY], step, jnp.arange(logq.shape[-1]), x, tokens)
+    out = log_rates(params[PARAM_KEY], step, jnp.arange(logq.shape[-1]), x, *pair_keys(tokens))
     return jnp.where(jnp.isnan(logq), -jnp.inf, out)
 
 
@@ -137,19 +160,25 @@ def check(drafter, spec) -> None:
     validate(model, getattr(drafter.module, "target_vocab", None))
 
 
+KEYS = ("weights", "token_bias", "pair_bias")
+
+
 def validate(model, vocab: int | None = None) -> None:
-    """Shape checks of a model ``{"weights": [D, R, F], "token_bias": [V]}``."""
-    if not isinstance(model, dict) or set(model) != {"weights", "token_bias"}:
-        raise CalibrationError("a calibration model is {'weights': [depth, rank, features], "
-                               f"'token_bias': [vocab]}}, got {type(model).__name__}"
-                               + (f" with keys {sorted(model)}" if isinstance(model, dict) else ""))
-    w, b = np.shape(model["weights"]), np.shape(model["token_bias"])
+    """Shape checks of a model ``{"weights": [D, R, F], "token_bias": [2 * vocab],
+    "pair_bias": [PAIR_BUCKETS]}``."""
+    if not isinstance(model, dict) or set(model) != set(KEYS):
+        raise CalibrationError(f"a calibration model is a dict with keys {list(KEYS)}, got "
+                               + (f"keys {sorted(model)}" if isinstance(model, dict)
+                                  else type(model).__name__))
+    w, b, p = (np.shape(model[k]) for k in KEYS)
     if len(w) != 3 or w[2] != len(FEATURES) or min(w) < 1:
         raise CalibrationError(f"calibration weights must be [depth, rank, {len(FEATURES)}], "
                                f"got {list(w)}")
-    if len(b) != 1 or (vocab is not None and b[0] != vocab):
-        raise CalibrationError(f"calibration token_bias must be [{vocab or 'vocab'}] (the "
-                               f"target vocabulary), got {list(b)}")
+    if len(b) != 1 or b[0] % 2 or (vocab is not None and b[0] != 2 * vocab):
+        raise CalibrationError(f"calibration token_bias must be [{2 * vocab if vocab else '2 * vocab'}]"
+                               f" (rank 0 and later ranks of each target token), got {list(b)}")
+    if p != (PAIR_BUCKETS,):
+        raise CalibrationError(f"calibration pair_bias must be [{PAIR_BUCKETS}], got {list(p)}")
 
 
 def model_of(drafter):
@@ -159,7 +188,7 @@ def model_of(drafter):
 
 
 def attach(drafter, model):
-    """The drafter with ``model`` (``{"weights", "token_bias"}``) in its params."""
+    """The drafter with ``model`` (``{"weights", "token_bias", "pair_bias"}``) in its params."""
     from jspec.drafters import Drafter
     validate(model, getattr(drafter.module, "target_vocab", None))
     model = {k: jnp.asarray(v, jnp.float32) for k, v in model.items()}
@@ -167,17 +196,30 @@ def attach(drafter, model):
 
 
 # ------------------------------------------------------------------ storage
+def _sparse(v) -> dict:
+    v = np.asarray(v, np.float64).round(4)
+    ids = np.flatnonzero(v)
+    return {"size": int(v.size), "ids": ids.tolist(), "values": v[ids].tolist()}
+
+
+def _dense(doc: dict, path, name: str) -> np.ndarray:
+    ids, values = np.asarray(doc["ids"], np.int64), np.asarray(doc["values"], np.float32)
+    if ids.shape != values.shape or (ids.size and (ids.min() < 0 or ids.max() >= doc["size"])):
+        raise CalibrationError(f"{path}: {name} ids must lie in [0, {doc['size']}) and match "
+                               f"the values one for one")
+    out = np.zeros(int(doc["size"]), np.float32)
+    out[ids] = values
+    return out
+
+
 def save(drafter_dir, model, meta: dict | None = None) -> Path:
     """Write ``drafter_dir/jspec_calibration.json`` atomically: the weights to 5 decimals,
-    the token biases sparsely (ids whose bias is not 0)."""
+    the biases sparsely (the entries not 0 at 4 decimals)."""
     validate(model)
     path = Path(drafter_dir) / FILENAME
-    bias = np.asarray(model["token_bias"], np.float64).round(4)
-    ids = np.flatnonzero(bias)
     doc = {"format": "jspec-calibration", "version": VERSION, "features": list(FEATURES),
            "weights": np.asarray(model["weights"], np.float64).round(5).tolist(),
-           "token_bias": {"vocab": int(bias.size), "ids": ids.tolist(),
-                          "values": bias[ids].tolist()},
+           "token_bias": _sparse(model["token_bias"]), "pair_bias": _sparse(model["pair_bias"]),
            "meta": meta or {}}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc))
@@ -198,14 +240,9 @@ def load(drafter_dir) -> dict | None:
             f"{Path(drafter_dir)} ...`")
     if doc.get("features") != list(FEATURES):
         raise CalibrationError(f"{path}: features {doc.get('features')}, expected {list(FEATURES)}")
-    tb = doc["token_bias"]
-    ids, values = np.asarray(tb["ids"], np.int64), np.asarray(tb["values"], np.float32)
-    if ids.shape != values.shape or (ids.size and (ids.min() < 0 or ids.max() >= tb["vocab"])):
-        raise CalibrationError(f"{path}: token_bias ids must lie in [0, {tb['vocab']}) and "
-                               f"match the values one for one")
-    bias = np.zeros(int(tb["vocab"]), np.float32)
-    bias[ids] = values
-    model = {"weights": np.asarray(doc["weights"], np.float32), "token_bias": bias}
+    model = {"weights": np.asarray(doc["weights"], np.float32),
+             "token_bias": _dense(doc["token_bias"], path, "token_bias"),
+             "pair_bias": _dense(doc["pair_bias"], path, "pair_bias")}
     validate(model)
     if not all(np.isfinite(v).all() for v in model.values()):
         raise CalibrationError(f"{path}: non-finite calibration weights")
