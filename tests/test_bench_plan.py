@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -29,11 +31,11 @@ def test_plan_kv_scales_with_both_axes_and_no_collective_crosses_data(tmp_path):
     assert plan["xla"]["argument"] > 0
 
 
+@pytest.mark.slow       # CI time: a second plan subprocess (15 s); the first covers the plan
 def test_plan_topology_falls_back_to_cpu_devices_and_pallas_needs_one(tmp_path):
     """Without libtpu, --topology compiles on simulated CPU devices (with a note); the Mosaic
     kernels need a topology."""
     import importlib.util
-    import pytest
     if importlib.util.find_spec("libtpu") is not None:
         pytest.skip("libtpu is installed: --topology compiles for the chips here")
     out = tmp_path / "plan.json"

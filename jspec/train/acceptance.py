@@ -159,7 +159,8 @@ class TeacherForced:
 
     def _fn(self, module, spec, what: str):
         """A jitted run over one chunk: ``what="accept"`` -> accept lengths ``[B]``;
-        ``"records"`` -> ``(parent_on_path, hit, logq) [B, M]`` for calibration."""
+        ``"records"`` -> ``(parent_on_path, hit, logq, x, token_key, pair_key)`` over the
+        pool ``[B, M]`` for calibration."""
         from jspec.tree.calibration import pool_features
         from jspec.tree.select import CandidatePool, select_pool
         S = _depth(module, spec) if module is not None else spec.num_steps

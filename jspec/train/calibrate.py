@@ -72,8 +72,9 @@ def _bias(keys, y, z, bias, l2: float, iters: int = 30):
 def fit(rec: dict, vocab: int, *, depths: int = 8, ranks: int = 8, l2: float = 1.0,
         token_l2: float = 10.0, pair_l2: float = 3.0, pairs: bool = True,
         rounds: int = 3) -> dict:
-    """Records (:meth:`TeacherForced.records`) -> a calibration model (:mod:`jspec.tree.calibration`):
-    ``weights [depths, ranks, F]``, ``token_bias [2 * vocab]``, ``pair_bias [PAIR_BUCKETS]``.
+    """Records (:meth:`TeacherForced.records`) -> a calibration model
+    (:mod:`jspec.tree.calibration`): ``weights [depths, ranks, F]``, ``token_bias
+    [2 * vocab]``, ``pair_bias [PAIR_BUCKETS]``.
 
     Each (step, rank) cell is a logistic regression on the node features, pulled by ``l2``
     towards its neighbour: the same rank at the previous step, or at step 0 the previous

@@ -127,8 +127,8 @@ def node_scores(selection: str, logq: jax.Array, step, params, tokens=None, pare
     rank order on the last axis; ``step``: the tree step (0 for the root's children; may be
     traced). EAGLE-2 scores a node by ``logq``; ``calibrated`` by the model in
     ``params["calibration"]``, which also reads the children's target-vocabulary ``tokens``
-    (the shape of ``logq``, siblings in rank order too) and their parent's ``parent_rank`` / ``parent_logq`` (``logq``'s
-    shape without the last axis; -1 / 0 for the root).
+    (the shape of ``logq``, siblings in rank order too) and their parent's ``parent_rank``
+    and ``parent_logq`` (``logq``'s shape without the last axis; -1 and 0 for the root).
     """
     if selection == "eagle2":
         return logq
@@ -175,8 +175,9 @@ def validate(model, vocab: int | None = None) -> None:
         raise CalibrationError(f"calibration weights must be [depth, rank, {len(FEATURES)}], "
                                f"got {list(w)}")
     if len(b) != 1 or b[0] % 2 or (vocab is not None and b[0] != 2 * vocab):
-        raise CalibrationError(f"calibration token_bias must be [{2 * vocab if vocab else '2 * vocab'}]"
-                               f" (rank 0 and later ranks of each target token), got {list(b)}")
+        want = 2 * vocab if vocab else "2 * vocab"
+        raise CalibrationError(f"calibration token_bias must be [{want}] (rank 0 and later "
+                               f"ranks of each target token), got {list(b)}")
     if p != (PAIR_BUCKETS,):
         raise CalibrationError(f"calibration pair_bias must be [{PAIR_BUCKETS}], got {list(p)}")
 
