@@ -217,8 +217,7 @@ class RecurrentDrafter(DraftModuleDefaults):
         B = state.logits.shape[0]
         W = max((S - 1) * K, 1)                                  # transient window
         logq0, tok0 = top_k_logprobs(state.logits, K)
-        score0 = node_scores(spec.selection, logq0, 0, params, self.to_target_ids(params, tok0),
-                             jnp.full((B,), -1), jnp.zeros((B,)))
+        score0 = node_scores(spec.selection, logq0, 0, params, self.to_target_ids(params, tok0))
         base = state.cache.lengths - 1                           # root's draft position
 
         def step(carry, s):

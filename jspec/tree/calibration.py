@@ -128,10 +128,14 @@ def node_scores(selection: str, logq: jax.Array, step, params, tokens=None, pare
     traced). EAGLE-2 scores a node by ``logq``; ``calibrated`` by the model in
     ``params["calibration"]``, which also reads the children's target-vocabulary ``tokens``
     (the shape of ``logq``, siblings in rank order too) and their parent's ``parent_rank``
-    and ``parent_logq`` (``logq``'s shape without the last axis; -1 and 0 for the root).
+    and ``parent_logq`` (``logq``'s shape without the last axis; None: the parent is the
+    root, rank -1 and log q 0).
     """
     if selection == "eagle2":
         return logq
+    if parent_rank is None:
+        parent_rank = jnp.full(logq.shape[:-1], -1, jnp.int32)
+        parent_logq = jnp.zeros(logq.shape[:-1], jnp.float32)
     x = node_features(logq, parent_rank, parent_logq)
     out = log_rates(params[PARAM_KEY], step, jnp.arange(logq.shape[-1]), x, *pair_keys(tokens))
     return jnp.where(jnp.isnan(logq), -jnp.inf, out)

@@ -128,7 +128,7 @@ def grow_pool(tok0: jax.Array, logq0: jax.Array, children, num_steps: int,
     ``selection`` (:func:`jspec.tree.calibration.node_scores`)."""
     from jspec.tree.calibration import node_scores
     B, K = tok0.shape
-    score0 = node_scores(selection, logq0, 0, params, tok0, jnp.full((B,), -1), jnp.zeros((B,)))
+    score0 = node_scores(selection, logq0, 0, params, tok0)
     parts = [(tok0, score0, logq0, jnp.full((B, K), -1, jnp.int32))]
     f_idx = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K))
     f_scores, f_logq, paths = score0, logq0, tok0[:, :, None]
