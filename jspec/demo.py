@@ -297,10 +297,12 @@ def run(model: str | None, prompt: str | None, n: int, *, recalibrate: bool = Fa
     print_calibration(rec)
     pick = Candidate.from_dict(rec["pick"])
     print(f"picked: {pick.label} (fastest measured)")
-    drafter, spec = drafters[pick.kind], pick.spec_config()
+    # The pick as it was timed (_kwargs: under the drafter's node selection).
+    picked = _kwargs(drafters, pick)
+    drafter, spec = picked["drafter"], picked["spec"]
     # The calibration's programs serve the demo prompt too, unless it is long (a new prompt
     # bucket compiles here).
-    for label, kw in (("plain", {}), (pick.label, {"drafter": drafter, "spec": spec})):
+    for label, kw in (("plain", {}), (pick.label, picked)):
         _first_call(f"{label}, demo prompt", lambda: gen([prompt], max_new_tokens=n, **kw))
     plain, fast = timed_pair(gen, drafter, spec, prompt, n, repeats)
     same = fast.tokens == plain.tokens
