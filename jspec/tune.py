@@ -174,8 +174,8 @@ def calibration_sequences(target, prompts, new_tokens: int) -> tuple[list[np.nda
 
 
 def _prompt_ids(target, prompts) -> list[list[int]]:
-    from jspec.generate import _as_id_lists
-    return _as_id_lists(target, prompts)[0]
+    from jspec.plan import prompt_ids
+    return prompt_ids(target, prompts)[0]
 
 
 PROFILE_SPEC = SpecConfig(6, 8, 64)     # the calibration run behind the acceptance profile

@@ -2,7 +2,7 @@
 
 ``jspec.bench anatomy`` did not exist when issue 9 was filed (8da0781), so this script uses
 only what both that tree and today's have in common: ``SpecDecoder.run`` (prefill plus the
-``while`` loop of iterations: exactly the program ``jspec.generate`` compiles), ``_admit``,
+``while`` loop of iterations: exactly the program ``jspec.generate`` compiles), ``admit``,
 ``random_drafter`` and ``llama.init_params``. Weights and inputs are abstract
 (``jax.eval_shape``), so the Llama-3-8B shape needs no memory.
 
@@ -52,7 +52,10 @@ def main() -> None:
     from jspec import llama
     from jspec.config import LlamaConfig, RopeConfig
     from jspec.drafters import random_drafter
-    from jspec.generate import _admit
+    try:
+        from jspec.plan import admit
+    except ImportError:          # a checkout from before the plan seam
+        from jspec.generate import _admit as admit
     from jspec.sampling import SamplingConfig
     from jspec.spec_config import SpecConfig
     from jspec.spec_decode import SpecDecoder, tree_shape
@@ -102,9 +105,9 @@ def main() -> None:
         B = a.batch
         lens = np.full((B,), a.context, np.int32)
         limits = np.full((B,), a.max_new, np.int32)
-        n_admit = len(inspect.signature(_admit).parameters)
+        n_admit = len(inspect.signature(admit).parameters)
         admit_args = (lens, limits, overshoot, 16, None, 16, None)
-        T, cap_new, num_pages, table = _admit(*admit_args, *((1,) if n_admit > 7 else ()))
+        T, cap_new, num_pages, table = admit(*admit_args, *((1,) if n_admit > 7 else ()))
         dec = SpecDecoder(cfg, module, spec, SamplingConfig(0.0), cap_new, 16, num_pages, 0.0,
                           None, a.kernels)
         sds = jax.ShapeDtypeStruct

@@ -39,7 +39,7 @@ weights and no memory) and reads the compiled executable:
   ``bytes_MB`` is dominated by them at long contexts even when the write is in place.
 
 **How the programs are built.** As :func:`jspec.generate.generate` builds them: pages come
-from :func:`jspec.generate._admit` for ``B`` prompts of ``C`` tokens (the context) that
+from :func:`jspec.plan.admit` for ``B`` prompts of ``C`` tokens (the context) that
 ask for ``--max-new`` tokens plus the speculative overshoot; the decode states are the
 abstract outputs of the decoders' own functions (``PlainDecoder.run`` for the loop carry,
 ``SpecDecoder.initial_state``), so every shape is exactly the driver's. Arguments that the
@@ -74,7 +74,7 @@ from jspec.bench.hlo_bytes import kernel_bytes
 from jspec.config import LlamaConfig
 from jspec.decode import PlainDecoder
 from jspec.drafters import Drafter, random_drafter
-from jspec.generate import _admit
+from jspec.plan import admit
 from jspec.platform import building_for
 from jspec.sampling import SamplingConfig
 from jspec.spec_config import SpecConfig
@@ -219,7 +219,7 @@ class Setup:
         B = self.batch
         lens = np.full((B,), self.context, np.int32)
         limits = np.full((B,), self.max_new, np.int32)
-        T, cap_new, num_pages, table = _admit(lens, limits, overshoot, 16, None, self.page_size,
+        T, cap_new, num_pages, table = admit(lens, limits, overshoot, 16, None, self.page_size,
                                               None, shards)
         sds = jax.ShapeDtypeStruct
         i32 = jnp.int32

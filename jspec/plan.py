@@ -1,0 +1,333 @@
+"""The seam between a request and a compiled decoder: :func:`plan` -> :class:`Plan`.
+
+Everything host-side that ``generate`` does before it can run a compiled loop lives here,
+once: prompts to ids, stop ids, the drafter's spec and overshoot (:func:`resolve_drafting`),
+page admission (:func:`admit`), kernel resolution, and the decoder built with keyword
+arguments. Every check runs here, on the host, before anything is traced. The serving
+engine (:mod:`jspec.engine`), the tuner and the benchmarks use the same pieces, so a rule
+(say, how many slots a speculative row overshoots) is written in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec import distributed as dist
+from jspec import kv_cache as kvc
+from jspec.decode import STOP_REASONS, PlainDecoder
+from jspec.kernels import check_mode as check_kernels, resolve as resolve_kernels
+from jspec.sampling import SamplingConfig
+from jspec.sharding import batch_sharding
+from jspec.spec_config import SpecConfig
+from jspec.spec_decode import SpecDecoder
+from jspec.target import Target
+from jspec.tree.calibration import check as check_selection
+from jspec.tune_store import resolve_spec
+
+log = logging.getLogger("jspec")
+
+ADMISSIONS = ("reserve", "partial")
+
+
+@dataclasses.dataclass(frozen=True)
+class KVConfig:
+    """The KV knobs that travel together. ``page_size``: slots per page. ``num_pages``: the
+    page budget (None: enough for every row at ``max_len``). ``max_len``: slots per row
+    (None: padded prompt + new tokens + overshoot). ``admission``: ``"reserve"`` refuses a
+    batch whose whole need does not fit, ``"partial"`` admits rows with fewer pages, which
+    stop with ``cache_full`` (see :func:`admit`). ``prompt_bucket``: prompts are padded to a
+    multiple of it, so similar lengths share one compiled program."""
+
+    page_size: int = 16
+    num_pages: int | None = None
+    max_len: int | None = None
+    admission: str = "reserve"
+    prompt_bucket: int = 16
+
+    def __post_init__(self):
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"kv_admission={self.admission!r}: expected one of {ADMISSIONS}")
+        if self.page_size < 1 or self.prompt_bucket < 1:
+            raise ValueError(f"page_size and prompt_bucket must be >= 1, got {self.page_size}, "
+                             f"{self.prompt_bucket}")
+
+
+def prompt_ids(target: Target, prompts) -> tuple[list[list[int]], bool]:
+    """``(ids per prompt, whether the prompts were text)``; one prompt or a list, each a
+    string (needs a tokenizer) or token ids. Empty prompts and ids outside the vocabulary
+    are refused, naming the prompt."""
+    if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
+                                    and isinstance(prompts[0], (int, np.integer))):
+        prompts = [prompts]
+    if isinstance(prompts, np.ndarray):
+        prompts = prompts.tolist() if prompts.ndim == 2 else [prompts.tolist()]
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("generate() needs at least one prompt")
+    is_text = isinstance(prompts[0], str)
+    if is_text:
+        if target.tokenizer is None:
+            raise ValueError("text prompts need a target with a tokenizer; pass token ids instead")
+        ids = [target.tokenizer.encode(p) for p in prompts]
+    else:
+        ids = [[int(t) for t in p] for p in prompts]
+    V = target.config.vocab_size
+    for r, p in enumerate(ids):
+        check_prompt(p, V, r)
+    return ids, is_text
+
+
+def check_prompt(ids: Sequence[int], vocab: int, name) -> None:
+    if not len(ids):
+        raise ValueError(f"prompt {name} is empty: a prompt needs at least one token (e.g. BOS)")
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"prompt {name} has token id {bad[0]} outside the vocabulary [0, {vocab})")
+
+
+def stop_table(target: Target, stop_ids, B: int, width: int | None = None) -> np.ndarray:
+    """``[B, W]`` stop ids padded with -1 (default: the config's EOS ids); ``stop_ids`` is
+    one list for every row or one list per row. ``W`` is a multiple of 8 (or ``width``), so
+    a changing number of stop ids keeps the compiled shape."""
+    if stop_ids is None:
+        stop_ids = list(target.config.eos_token_ids)
+    if stop_ids and isinstance(stop_ids[0], (list, tuple)):
+        if len(stop_ids) != B:
+            raise ValueError(f"per-row stop_ids has {len(stop_ids)} rows for {B} prompts")
+        rows = [list(r) for r in stop_ids]
+    else:
+        rows = [list(stop_ids)] * B
+    longest = max(len(r) for r in rows)
+    if width is None:
+        width = 8 * max(1, math.ceil(longest / 8))
+    elif longest > width:
+        raise ValueError(f"{longest} stop ids for one row; at most {width} fit")
+    out = np.full((B, width), -1, np.int32)
+    for b, r in enumerate(rows):
+        out[b, :len(r)] = r
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Drafting:
+    """A drafter checked against its target with one spec: ``S`` the deepest accepted path,
+    ``N`` the verified nodes, ``overshoot`` the KV slots a row needs past its committed
+    length (a verify writes N slots, a row may commit up to S past its limit, and the
+    drafter's own loop needs :meth:`cache_slots`)."""
+
+    drafter: Any
+    spec: SpecConfig | None
+    S: int
+    N: int
+    overshoot: int
+
+
+def resolve_drafting(target: Target, drafter, spec, batch: int,
+                     forced_accept: float = 0.0) -> Drafting:
+    """Check ``drafter`` (a :class:`jspec.drafters.Drafter`) and ``spec`` (a SpecConfig, None
+    for the drafter's default, or ``"auto"`` for the tuner's stored pick at ``batch``)."""
+    spec = resolve_spec(drafter, spec, batch)
+    spec = spec if spec is not None else drafter.default_spec
+    drafter.module.validate(target.config, drafter.params)
+    check_selection(drafter, spec)
+    drafter.module.check_spec(spec)
+    S, N = drafter.module.tree_shape(spec)
+    if forced_accept and not 1.0 <= forced_accept <= S + 1:
+        raise ValueError(f"forced_accept={forced_accept} must be in [1, S+1={S + 1}]")
+    overshoot = max(N, drafter.module.cache_slots(spec)) + S + 1
+    return Drafting(drafter, spec, S, N, overshoot)
+
+
+def admit(lens, limits, overshoot, prompt_bucket, max_len, page_size, num_pages, shards=1,
+          agreed=None, admission="reserve"):
+    """Static shapes and pages for a batch: ``(T, cap_new, num_pages, page_table)``.
+
+    A row needs its prompt, its new tokens and the speculative overshoot (the prefill
+    writes only real prompt positions; padding is masked). ``admission="reserve"`` refuses
+    a batch whose needs do not all fit; ``"partial"`` refuses only one whose minimums do not
+    (prompt plus one iteration's slots) and gives the rest out in row order
+    (:func:`jspec.kv_cache.partial_page_table`).
+    ``shards`` > 1 (a mesh's data axis): rows split into that many contiguous groups, each
+    with a pool of its own; ``num_pages`` (given: the total) is then one shard's pool and
+    the table holds page ids local to each row's shard. ``agreed``: (longest prompt, most new
+    tokens) over every process of a multi-host run, so all compile the same shapes.
+    """
+    if admission not in ADMISSIONS:
+        raise ValueError(f"kv_admission={admission!r}: expected one of {ADMISSIONS}")
+    B = len(lens)
+    top_len, top_new = agreed if agreed is not None else (int(lens.max()), int(limits.max()))
+    cap_new = max(1, top_new)
+    T = int(math.ceil(top_len / prompt_bucket) * prompt_bucket)
+    if max_len is None:
+        max_len = T + cap_new + overshoot
+    for r in range(B):
+        if lens[r] + limits[r] + overshoot > max_len:
+            extra = f" plus {overshoot} slots of speculative overshoot" if overshoot else ""
+            raise ValueError(
+                f"prompt {r} has {lens[r]} tokens and asks for {limits[r]} new ones{extra}, more "
+                f"than the cache length max_len={max_len}")
+    max_pages = kvc.pages_needed(max_len, page_size)
+    if num_pages is None:
+        num_pages = B * max_pages
+    local = num_pages // shards
+    need = [int(lens[r] + limits[r] + overshoot) for r in range(B)]
+    # One iteration writes `overshoot` slots past the committed length (plain decoding: 1).
+    floor = [min(need[r], int(lens[r]) + max(overshoot, 1)) for r in range(B)]
+    rows = B // shards
+    tables = []
+    for sh in range(shards):
+        part = slice(sh * rows, (sh + 1) * rows)
+        try:
+            if admission == "partial":
+                table = kvc.partial_page_table(floor[part], need[part], page_size, local,
+                                               max_pages)
+            else:
+                table = kvc.allocate_page_table(need[part], page_size, local, max_pages)
+        except kvc.KVCacheExhaustedError as e:
+            where = f" (data shard {sh}: rows {sh * rows}..{(sh + 1) * rows - 1}, {local} pages)" \
+                if shards > 1 else ""
+            raise kvc.KVCacheExhaustedError(f"{e}{where}") from None
+        tables.append(table)
+    return T, cap_new, local, np.concatenate(tables)
+
+
+def row_limits(max_new_tokens, B: int) -> np.ndarray:
+    limits = np.broadcast_to(np.asarray(max_new_tokens, np.int64), (B,)).astype(np.int32)
+    if np.any(limits < 0):
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    return limits
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One batch, checked and shaped: the compiled decoder (``decoder``: a frozen
+    :class:`~jspec.decode.PlainDecoder` or :class:`~jspec.spec_decode.SpecDecoder`) and its
+    per-request arguments on device. :meth:`run` runs it, :meth:`collect` turns its final
+    state into a :class:`jspec.generate.GenerationResult`'s fields, :meth:`lower` lowers it
+    with abstract arguments (AOT compiles, HLO analysis)."""
+
+    target: Target
+    decoder: Any
+    drafter: Any                     # the served drafter (None: plain decoding)
+    ids: list                        # prompt ids per row
+    is_text: bool
+    args: tuple                      # device arrays: prompt, lens, page_table, stops, limits
+    mesh: Any = None
+    multi: bool = False
+
+    @property
+    def batch(self) -> int:
+        return len(self.ids)
+
+    def _call_args(self, key):
+        prompt, lens, table, stops, limits = self.args
+        params = self.target.serving_params
+        if self.drafter is None:
+            return (params, prompt, lens, table, stops, limits, key)
+        return (params, self.drafter.params, prompt, lens, table, table, stops, limits, key)
+
+    def run(self, key: jax.Array, profile: bool = False):
+        """``(final state, profile dict or None)``."""
+        if profile and self.drafter is not None:     # plain decoding has no phases to split
+            return self.decoder.profile(*self._call_args(key))
+        return self.decoder.run(*self._call_args(key)), None
+
+    def lower(self, key: jax.Array | None = None):
+        """The decoder's whole program lowered with abstract arguments (nothing runs)."""
+        key = jax.random.key(0) if key is None else key
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                               sharding=getattr(x, "sharding",
+                                                                                None)),
+                                self._call_args(key))
+        return self.decoder.run.trace(self.decoder, *abstract).lower()
+
+    def collect(self, state) -> tuple[list[list[int]], list[dict]]:
+        """``(tokens per row, stats per row)`` of a final state, this process's rows."""
+        spec = self.drafter is not None
+        out = (state.tokens, state.num_generated, state.stop_reason,
+               state.iterations if spec else state.num_generated,
+               state.accept_hist if spec else None)
+        if self.multi:                      # this process's rows of the global arrays
+            out = tuple(None if x is None else dist.local_rows(self.mesh, x) for x in out)
+        toks, n, reasons, iters, hist = jax.device_get(out)
+        lens = np.asarray([len(p) for p in self.ids])
+        tokens = [toks[r, :n[r]].tolist() for r in range(self.batch)]
+        stats = [row_stats(int(lens[r]), int(n[r]), int(iters[r]), int(reasons[r]),
+                           None if hist is None else hist[r]) for r in range(self.batch)]
+        return tokens, stats
+
+
+def row_stats(prompt_len: int, new_tokens: int, iterations: int, reason: int, hist) -> dict:
+    """A row's stats as ``generate`` and the engine report them."""
+    row = {"prompt_len": prompt_len, "new_tokens": new_tokens, "iterations": iterations,
+           "stop_reason": STOP_REASONS[reason]}
+    if hist is not None:
+        h = np.asarray(hist)
+        row["accept_hist"] = h.tolist()   # [n] = verify passes that emitted n tokens
+        row["mean_accept_len"] = float((h * np.arange(len(h))).sum() / max(1, h.sum()))
+    return row
+
+
+def plan(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
+         sampling: SamplingConfig = SamplingConfig(), stop_ids=None, kv: KVConfig = KVConfig(),
+         mesh=None, drafter=None, spec: SpecConfig | str | None = None,
+         forced_accept: float = 0.0, kernels: str = "auto") -> Plan:
+    """Check a request and build its compiled decoder; see :func:`jspec.generate` for the
+    arguments. Every error a request can have is raised here, before anything compiles."""
+    check_kernels(kernels)
+    ids, is_text = prompt_ids(target, prompts)
+    B = len(ids)
+    lens = np.array([len(p) for p in ids], np.int32)
+    limits = row_limits(max_new_tokens, B)
+    drafting = None
+    if drafter is not None:
+        drafting = resolve_drafting(target, drafter, spec, B, forced_accept)
+    shards, agreed, multi = 1, None, dist.is_multiprocess(mesh)
+    if mesh is not None:
+        # Multi-host: this process's prompts fill the data shards on its own devices.
+        shards = dist.check_mesh(mesh) if multi else mesh.shape["data"]
+        if B % shards:
+            raise ValueError(f"batch of {B} rows does not split over the mesh's "
+                             f"data axis of size {shards}" +
+                             (" on this process" if multi else ""))
+    stops = stop_table(target, stop_ids, B)
+    if multi:
+        *agreed, width = dist.agree(B, [lens.max(), limits.max(), stops.shape[1]])
+        stops = np.pad(stops, ((0, 0), (0, width - stops.shape[1])), constant_values=-1)
+    T, cap_new, num_pages, page_table = admit(
+        lens, limits, drafting.overshoot if drafting else 0, kv.prompt_bucket, kv.max_len,
+        kv.page_size, kv.num_pages, shards, agreed, kv.admission)
+    kernels = resolve_kernels(kernels, target.config, page_size=kv.page_size,
+                              num_nodes=drafting.N if drafting else 1,
+                              max_depth=drafting.S if drafting else None,
+                              greedy=sampling.greedy, batch=B, max_pages=page_table.shape[1],
+                              num_pages=num_pages, mesh=mesh)
+    prompt = np.zeros((B, T), np.int32)
+    for r, p in enumerate(ids):
+        prompt[r, :len(p)] = p
+    rows = [prompt, lens, page_table, stops, limits]
+    if multi:
+        rows = [dist.global_rows(mesh, x) for x in rows]
+    elif mesh is not None:
+        rows = [jax.device_put(x, batch_sharding(mesh, x.ndim)) for x in rows]
+    else:
+        rows = [jnp.asarray(x) for x in rows]
+    common = dict(config=target.config, sampling=sampling, max_new_tokens=cap_new,
+                  page_size=kv.page_size, num_pages=num_pages, mesh=mesh, kernels=kernels)
+    served = None
+    if drafting is None:
+        decoder = PlainDecoder(**common)
+    else:
+        # Validated above in its checkpoint layout; on a mesh, sharded like the target's layers.
+        served = drafter.serving if mesh is None else drafter.on_mesh(target.config, mesh)
+        decoder = SpecDecoder(drafter=served.module, spec=drafting.spec,
+                              forced_accept=float(forced_accept), **common)
+    return Plan(target=target, decoder=decoder, drafter=served, ids=ids, is_text=is_text,
+                args=tuple(rows), mesh=mesh, multi=multi)
