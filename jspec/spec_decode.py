@@ -82,6 +82,13 @@ class SpecDecoder:
     forced_accept: float = 0.0       # > 0: benchmark mode, force this mean accept length
     mesh: Any = None
     kernels: str = "reference"       # see jspec.kernels
+    # Sampling by position-keyed draws (the serving engine): each node's target token is
+    # drawn with the key of the output position it decides, fold_in(row key, position), the
+    # draw plain decoding makes there, and the walk keeps drafts equal to those draws. The
+    # output is then plain sampling's token for token, whatever the tree shape, the batch or
+    # the neighbours, and it accepts as often as tree rejection sampling for the
+    # deterministic (top-K) drafts every kind makes: P(some child kept) = sum of p(children).
+    coupled: bool = False
 
     def __post_init__(self):
         # One attention implementation for the target and the drafter: a drafter with an
@@ -102,11 +109,20 @@ class SpecDecoder:
     # --------------------------------------------------------------- phases
     def prefill(self, params, dparams, prompt, prompt_lens, page_table, draft_table, key):
         c = self.config
-        params = pack_params(c, params)
-        B, T = prompt.shape
         cache = kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, page_table,
                                self.num_pages, self.page_size, c.dtype)
         cache = constrain_kv(cache, c, self.mesh)
+        dstate = self.drafter.init_state(prompt.shape[0], draft_table, self.num_pages,
+                                         self.page_size)
+        return self.prefill_into(params, dparams, cache, dstate, prompt, prompt_lens, key)
+
+    def prefill_into(self, params, dparams, cache, dstate, prompt, prompt_lens, key):
+        """Prefill ``prompt [B, T]`` into a given cache and drafter state (fresh ones, or,
+        in the serving engine, one row's pages of the live pools). Returns ``(cache, drafter
+        state, first token, row keys, finite)``."""
+        c = self.config
+        params = pack_params(c, params)
+        B, T = prompt.shape
         pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         valid = pos < prompt_lens[:, None]
         hidden, aux, cache = forward(c, params, prompt, pos, cache, valid=valid,
@@ -121,9 +137,8 @@ class SpecDecoder:
         nxt = jnp.concatenate([prompt[:, 1:], jnp.zeros((B, 1), prompt.dtype)], 1)
         nxt = jnp.where(pos == (prompt_lens - 1)[:, None], first[:, None], nxt)
         d = self.drafter
-        dstate = d.init_state(B, draft_table, self.num_pages, self.page_size)
         dstate = d.prefill(dparams, (c, params), dstate, d.features(hidden, aux, prompt), nxt,
-                          prompt_lens)
+                           prompt_lens)
         return (cache.replace(lengths=prompt_lens.astype(jnp.int32)), dstate, first, row_keys,
                 finite_rows(logits))
 
@@ -146,14 +161,19 @@ class SpecDecoder:
         logits = lm_logits(self.config, params, hidden)
         return logits, self.drafter.features(hidden, aux, tree.tokens), cache
 
-    def walk(self, tree, logits, keys):
+    def walk(self, tree, logits, keys, choice=None):
+        """``(accept_index, accept_len, bonus)``. ``choice [B, N]`` (optional): the target's
+        token after each node, drawn already (:attr:`coupled`); the greedy walk keeps drafts
+        equal to it. Otherwise greedy takes the argmax and sampling runs tree rejection
+        sampling with ``keys``."""
         S, _ = self.shape
-        argmax = jnp.argmax(logits, -1).astype(jnp.int32)
-        if self.sampling.greedy and self.kernels == "reference":
+        argmax = jnp.argmax(logits, -1).astype(jnp.int32) if choice is None else choice
+        greedy = self.sampling.greedy or choice is not None
+        if greedy and self.kernels == "reference":
             return greedy_walk(tree, argmax, S)
         impl = kernels.walk_impl(self.kernels)
         # The walk kernel on every device of a model axis (its inputs are small; per_device).
-        if self.sampling.greedy:
+        if greedy:
             args = (tree.tokens, tree.first_child, tree.next_sibling, argmax)
             return kernels.per_device(lambda *a: verify_walk_greedy(*a, max_depth=S, impl=impl),
                                       args, (P(),) * len(args), P())
@@ -195,6 +215,17 @@ class SpecDecoder:
         finite = first_bad >= n
         return jnp.where(finite, n, first_bad), finite
 
+    def position_draws(self, s: SpecState, tree, logits):
+        """``[B, N]`` (:attr:`coupled` sampling; None otherwise): the target's draw after each
+        node, with the key plain decoding uses for that output position."""
+        if not self.coupled or self.sampling.greedy:
+            return None
+        B, N, V = logits.shape
+        at = s.num_generated[:, None] + tree.depths
+        node_keys = jax.vmap(jax.vmap(jax.random.fold_in, (None, 0)))(s.row_keys, at)
+        return sample(logits.reshape(B * N, V), node_keys.reshape(B * N),
+                      self.sampling).reshape(B, N)
+
     def emit(self, s: SpecState, toks, n, stop_ids, max_new, finite) -> SpecState:
         _, N = self.shape
         # The next verify writes N slots.
@@ -212,7 +243,7 @@ class SpecDecoder:
             if self.forced_accept:
                 idx, n, bonus = self.force_accept(tree, logits, keys)
             else:
-                idx, n, bonus = self.walk(tree, logits, keys)
+                idx, n, bonus = self.walk(tree, logits, keys, self.position_draws(s, tree, logits))
         n = jnp.where(live, n, 0)
         toks, _ = emitted_tokens(tree, idx, jnp.maximum(n, 1), bonus)
         n, finite = self.finite_prefix(logits, idx, n)      # cut where the logits were not finite

@@ -74,3 +74,43 @@ def resolve_spec(drafter, spec, batch: int):
                     "--batch %d` to measure one.", device_kind(), batch, batch)
         return drafter.default_spec
     return picked
+
+
+# ---------------------------------------------------------------- engine occupancy picks
+MISSING = object()
+
+
+def _occupancy_key(device: str, bucket: int) -> str:
+    return f"{device}|occupancy={bucket}"
+
+
+def store_occupancy(rates: dict, picks: dict, drafter_dir: str | os.PathLike,
+                    device: str | None = None) -> Path:
+    """Add the engine's per-bucket picks (``{bucket: mode label}``) and the measured rates
+    behind them (``{bucket: {label: tokens/s}}``) to ``drafter_dir/jspec_tuning.json``;
+    written whole to a temporary file, then renamed."""
+    path = Path(drafter_dir) / TUNING_FILE
+    data = json.loads(path.read_text()) if path.is_file() else {"picks": {}}
+    data.setdefault("occupancy", {})
+    device = device or device_kind()
+    for b, label in picks.items():
+        data["occupancy"][_occupancy_key(device, b)] = {
+            "mode": label, "tokens_per_s": rates[b], "jax": jax.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def stored_mode(drafter, bucket: int, device: str | None = None):
+    """The stored engine pick (a mode label: ``"plain"``, ``"default"`` or ``"S,K,N[/cal]"``)
+    for this drafter, device kind and bucket of live slots; :data:`MISSING` when none."""
+    src = getattr(drafter, "source", None)
+    path = None if src is None else Path(src) / TUNING_FILE
+    if path is None or not path.is_file():
+        return MISSING
+    entry = json.loads(path.read_text()).get("occupancy", {}).get(
+        _occupancy_key(device or device_kind(), bucket))
+    return MISSING if entry is None else entry["mode"]

@@ -1,0 +1,329 @@
+"""The serving engine: a fixed number of slots, refilled as requests finish.
+
+:class:`Engine` is made once (target, optional drafter, slots, KV budget, kernels) and
+serves any number of :class:`Request` s: :meth:`Engine.stream` yields :class:`Delta` s as
+tokens are accepted, :meth:`Engine.generate` returns :class:`Completion` s in input order.
+
+The host loop, between compiled calls:
+
+1. admit: while a slot is free and the page budget holds the next request's whole need
+   (prompt, its ``max_new_tokens`` and the speculative overshoot), give it pages and prefill
+   it into the slot (:meth:`Programs.insert`); requests are admitted in order;
+2. decode: run up to ``chunk`` iterations on the live slots, gathered into the smallest
+   bucket (1, 2, 4, ..., slots) that holds them, with the spec the policy gives that bucket
+   (:mod:`jspec.engine.policy`; plain decoding included);
+3. read back lengths and tokens, emit deltas, free the pages of finished rows.
+
+The programs are compiled once per prompt bucket (insert) and per (spec, bucket) (decode),
+so a stream of any length and mix compiles a small fixed set. Output never depends on the
+neighbours: a request's greedy tokens equal ``generate`` of it alone, and its samples depend
+only on its own key (position-keyed sampling; see :mod:`jspec.engine.programs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import deque
+from typing import Any, Iterable, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec import kv_cache as kvc
+from jspec.engine.pages import PagePool
+from jspec.engine.policy import Policy, buckets_for
+from jspec.engine.programs import PLAIN, Programs
+from jspec.kernels import check_mode as check_kernels, resolve as resolve_kernels
+from jspec.plan import check_prompt, resolve_drafting, row_stats, stop_table
+from jspec.sampling import SamplingConfig
+from jspec.target import Target
+
+log = logging.getLogger("jspec")
+
+
+@dataclasses.dataclass
+class Request:
+    """One request. ``prompt``: text (needs a tokenizer) or token ids. ``max_new_tokens``:
+    None for the engine's default. ``key`` or ``seed`` drives its samples: the key is
+    ``jax.random.split(jax.random.key(seed), 1)[0]``, the row key ``generate([prompt],
+    seed=seed)`` uses, so a request samples as that call does (plain decoding); with
+    neither, seed 0. ``stop_ids``: None for the config's EOS ids. ``id``: anything, handed
+    back (default: its position in the stream)."""
+
+    prompt: Any
+    max_new_tokens: int | None = None
+    seed: int | None = None
+    key: jax.Array | None = None
+    stop_ids: Sequence[int] | None = None
+    id: Any = None
+
+
+@dataclasses.dataclass
+class Completion:
+    id: Any
+    index: int                       # position in the submitted stream
+    prompt_ids: list[int]
+    tokens: list[int]                # generated ids (a stop id, when hit, is included)
+    text: str | None
+    stats: dict                      # generate's row stats + latency_s, first_token_s
+
+
+@dataclasses.dataclass
+class Delta:
+    """New output of one request: ``tokens`` accepted since its last delta (``text``: their
+    decoded text, when the target has a tokenizer). The last delta of a request has
+    ``done=True`` and its :class:`Completion`."""
+
+    id: Any
+    index: int
+    tokens: list[int]
+    text: str | None
+    done: bool = False
+    completion: Completion | None = None
+
+
+@dataclasses.dataclass
+class _Live:
+    req: Request
+    index: int
+    ids: list[int]
+    pages: list[int]
+    sent: int = 0                   # tokens already streamed
+    text: str = ""
+    first_s: float | None = None
+
+
+def default_slots() -> int:
+    """Slots when none are given: 8 on CPU (a 2-core host is busy at 8 rows of the shipped
+    model), 64 on accelerators (a v5e/H200 decode step is memory bound well past that)."""
+    return 8 if jax.default_backend() == "cpu" else 64
+
+
+class Engine:
+    """A continuous-batching engine; see the module doc.
+
+    ``target``, ``drafter`` (optional: a :class:`jspec.drafters.Drafter`), ``slots`` (B;
+    default :func:`default_slots`), ``policy``: which spec each bucket of live slots runs
+    (:class:`jspec.engine.policy.Policy`, ``"auto"`` for the picks ``python -m jspec tune
+    --occupancy`` stored beside the drafter, or None: ``spec`` (default: the drafter's) at
+    every occupancy). ``sampling``: one :class:`SamplingConfig` for every request (its
+    settings are static in the compiled programs). ``max_new_tokens``: the default and the
+    most any request may ask for. ``max_len``: KV slots per row (default: the model's
+    ``max_position_embeddings``); ``num_pages``: the page budget (default: every slot can hold
+    a ``max_len`` row; with fewer, requests wait for pages). ``chunk``: iterations per
+    decode call, between which rows are refilled and output is streamed.
+    """
+
+    def __init__(self, target: Target, drafter=None, *, slots: int | None = None, spec=None,
+                 policy: Policy | str | None = None,
+                 sampling: SamplingConfig = SamplingConfig(), max_new_tokens: int = 256,
+                 max_len: int | None = None, page_size: int = 16, num_pages: int | None = None,
+                 chunk: int = 8, prompt_bucket: int = 16, stop_width: int = 8,
+                 kernels: str = "auto"):
+        check_kernels(kernels)
+        B = default_slots() if slots is None else int(slots)
+        if B < 1 or chunk < 1 or max_new_tokens < 1:
+            raise ValueError(f"slots, chunk and max_new_tokens must be >= 1, got {B}, {chunk}, "
+                             f"{max_new_tokens}")
+        self.target, self.slots, self.sampling, self.chunk = target, B, sampling, chunk
+        self.max_new_tokens = int(max_new_tokens)
+        self.buckets = buckets_for(B)
+        if drafter is None:
+            if policy is not None or spec is not None:
+                raise ValueError("spec and policy choose how a drafter speculates; no drafter "
+                                 "was given")
+            self.policy = Policy({b: PLAIN for b in self.buckets})
+        elif isinstance(policy, str):
+            if policy != "auto":
+                raise ValueError(f"policy={policy!r}: pass a Policy, 'auto' or None")
+            self.policy = Policy.stored(drafter, self.buckets)
+        else:
+            self.policy = policy if policy is not None else \
+                Policy({b: spec for b in self.buckets})
+        self.policy.check_buckets(self.buckets)
+        S = N = 0
+        overshoot = 1
+        resolved = {}
+        for s in self.policy.specs():
+            d = resolve_drafting(target, drafter, s, B)
+            resolved[s] = d.spec
+            S, N = max(S, d.S), max(N, d.N)
+            overshoot = max(overshoot, d.overshoot)
+        # None (the drafter's default) becomes the spec it stands for.
+        self.policy = Policy({b: m if m == PLAIN else resolved[m]
+                              for b, m in self.policy.picks.items()})
+        self.overshoot = overshoot
+        self.max_len = int(max_len or target.config.max_position_embeddings)
+        if self.max_len < 1 + self.max_new_tokens + overshoot:
+            raise ValueError(f"max_len={self.max_len} cannot hold a 1-token prompt, "
+                             f"max_new_tokens={self.max_new_tokens} and {overshoot} slots of "
+                             f"speculative overshoot")
+        max_pages = kvc.pages_needed(self.max_len, page_size)
+        num_pages = B * max_pages if num_pages is None else int(num_pages)
+        self.pages = PagePool(num_pages, page_size, max_pages)
+        self.prompt_buckets = _prompt_buckets(prompt_bucket, self.max_len - overshoot - 1)
+        self.drafter = None if drafter is None else drafter.serving
+        kernels = resolve_kernels(kernels, target.config, page_size=page_size,
+                                  num_nodes=max(N, 1), max_depth=S if drafter else None,
+                                  greedy=True, batch=B, max_pages=max_pages, num_pages=num_pages)
+        self.programs = Programs(
+            config=target.config, drafter=None if drafter is None else self.drafter.module,
+            sampling=sampling, slots=B, max_new_tokens=self.max_new_tokens, max_depth=S,
+            max_nodes=max(N, 1), page_size=page_size, num_pages=num_pages, max_pages=max_pages,
+            stop_width=stop_width, chunk=chunk, kernels=kernels)
+        self._dparams = None if drafter is None else self.drafter.params
+        self.state = None
+        self.chunk_log: list[tuple[int, int, str]] = []   # (live, bucket, mode) per decode call
+
+    # ------------------------------------------------------------------ requests
+    def _request(self, r, index: int) -> tuple[Request, list[int]]:
+        req = r if isinstance(r, Request) else Request(prompt=r)
+        if req.id is None:
+            req = dataclasses.replace(req, id=index)
+        p = req.prompt
+        if isinstance(p, str):
+            if self.target.tokenizer is None:
+                raise ValueError(f"request {req.id}: a text prompt needs a target with a "
+                                 f"tokenizer; pass token ids instead")
+            ids = self.target.tokenizer.encode(p)
+        else:
+            ids = [int(t) for t in p]
+        check_prompt(ids, self.target.config.vocab_size, req.id)
+        n = self.max_new_tokens if req.max_new_tokens is None else int(req.max_new_tokens)
+        if not 0 <= n <= self.max_new_tokens:
+            raise ValueError(f"request {req.id}: max_new_tokens={n} outside [0, "
+                             f"{self.max_new_tokens}] (the engine's max_new_tokens)")
+        if len(ids) > self.prompt_buckets[-1]:
+            raise ValueError(f"request {req.id}: its prompt has {len(ids)} tokens; this engine "
+                             f"takes at most {self.prompt_buckets[-1]} (max_len={self.max_len} "
+                             f"less {self.overshoot + 1} slots for decoding)")
+        return dataclasses.replace(req, max_new_tokens=n), ids
+
+    def check(self, request) -> None:
+        """Raise ``ValueError`` for a request this engine cannot serve (nothing runs)."""
+        self._request(request, 0)
+
+    def _key(self, req: Request) -> jax.Array:
+        if req.key is not None:
+            return jnp.reshape(req.key, (1,))
+        return jax.random.split(jax.random.key(0 if req.seed is None else req.seed), 1)
+
+    # ------------------------------------------------------------------ running
+    def _ensure_state(self):
+        if self.state is None:
+            self.state = self.programs.init(self.target.serving_params, self._dparams)
+
+    def _insert(self, slot: int, live: _Live):
+        ids = live.ids
+        T = next(b for b in self.prompt_buckets if b >= len(ids))
+        prompt = np.zeros((1, T), np.int32)
+        prompt[0, :len(ids)] = ids
+        table = np.full((1, self.pages.max_pages), self.pages.num_pages, np.int32)
+        table[0, :len(live.pages)] = live.pages
+        stops = stop_table(self.target, live.req.stop_ids, 1, self.programs.stop_width)
+        self.state = self.programs.insert(
+            self.target.serving_params, self._dparams, self.state, jnp.int32(slot),
+            jnp.asarray(prompt), jnp.asarray([len(ids)], jnp.int32), jnp.asarray(table),
+            jnp.asarray(stops), jnp.asarray([live.req.max_new_tokens], jnp.int32),
+            self._key(live.req))
+
+    def stream(self, requests: Iterable) -> Iterator[Delta]:
+        """Serve ``requests`` (:class:`Request` s, or prompts), yielding :class:`Delta` s as
+        tokens are accepted; each request's last delta carries its :class:`Completion`.
+        Requests are checked as they are admitted: a bad one raises ``ValueError`` naming it
+        (check them first with :meth:`check` to skip instead)."""
+        self._ensure_state()
+        pending = deque((i, r) for i, r in enumerate(requests))
+        slots: list[_Live | None] = [None] * self.slots
+        t0 = time.perf_counter()
+        params = self.target.serving_params
+        while pending or any(slots):
+            for slot in range(self.slots):
+                if slots[slot] is not None or not pending:
+                    continue
+                index, raw = pending[0]
+                req, ids = self._request(raw, index)
+                need = len(ids) + req.max_new_tokens + self.overshoot
+                pages = self.pages.take(need)
+                if pages is None:
+                    if not any(slots):
+                        raise kvc.KVCacheExhaustedError(
+                            f"request {req.id} needs {self.pages.needed(need)} pages and the "
+                            f"whole budget is {self.pages.num_pages}")
+                    break                       # wait for a finished row's pages
+                pending.popleft()
+                slots[slot] = _Live(req, index, ids, pages)
+                self._insert(slot, slots[slot])
+            live = [s for s in range(self.slots) if slots[s] is not None]
+            bucket = next(b for b in self.buckets if b >= len(live))
+            free = [s for s in range(self.slots) if slots[s] is None]
+            rows = np.asarray(live + free[:bucket - len(live)], np.int32)
+            mode = self.policy[bucket]
+            self.chunk_log.append((len(live), bucket, str(mode)))
+            self.state = self.programs.decode(params, self._dparams, self.state,
+                                              jnp.asarray(rows), spec=mode)
+            core = self.state.core
+            done, n, reason, iters, hist, toks = jax.device_get(
+                (core.done, core.num_generated, core.stop_reason, core.iterations,
+                 core.accept_hist, core.tokens))
+            now = time.perf_counter() - t0
+            for s in live:
+                lv = slots[s]
+                m = int(n[s])
+                new = toks[s, lv.sent:m].tolist()
+                if new and lv.first_s is None:
+                    lv.first_s = now
+                text = self._text(lv, toks[s, :m])
+                lv.sent = m
+                if not done[s]:
+                    if new:
+                        yield Delta(lv.req.id, lv.index, new, text)
+                    continue
+                stats = row_stats(len(lv.ids), m, int(iters[s]), int(reason[s]),
+                                  hist[s] if self.drafter is not None else None)
+                stats.update(latency_s=now, first_token_s=lv.first_s)
+                out = toks[s, :m].tolist()
+                full = None if self.target.tokenizer is None else \
+                    self.target.tokenizer.decode(out)
+                comp = Completion(lv.req.id, lv.index, lv.ids, out, full, stats)
+                self.pages.give_back(lv.pages)
+                slots[s] = None
+                yield Delta(lv.req.id, lv.index, new, text, done=True, completion=comp)
+
+    def _text(self, lv: _Live, toks) -> str | None:
+        tok = self.target.tokenizer
+        if tok is None:
+            return None
+        full = tok.decode(list(map(int, toks)))
+        # A token may end inside a multi-byte character: hold back what decodes to the
+        # replacement character until the next tokens complete it. Text the decoder revises
+        # (it rarely does) is not streamed again; the completion holds the final text.
+        stable = full.rstrip("\ufffd")
+        if not stable.startswith(lv.text):
+            return ""
+        delta, lv.text = stable[len(lv.text):], stable
+        return delta
+
+    def generate(self, requests: Iterable) -> list[Completion]:
+        """Serve every request; completions in input order."""
+        out = {}
+        for d in self.stream(requests):
+            if d.done:
+                out[d.index] = d.completion
+        return [out[i] for i in sorted(out)]
+
+
+def _prompt_buckets(base: int, longest: int) -> list[int]:
+    """Prompt lengths an insert program is compiled for: ``base`` doubling up to ``longest``
+    (the last bucket is ``longest`` itself)."""
+    if longest < 1:
+        raise ValueError("max_len leaves no room for a prompt")
+    out, b = [], base
+    while b < longest:
+        out.append(b)
+        b *= 2
+    return out + [longest]
+

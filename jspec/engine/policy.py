@@ -1,0 +1,141 @@
+"""Which spec the engine runs at each occupancy.
+
+The engine gathers its live slots into the smallest bucket (1, 2, 4, ..., slots) that holds
+them and runs that bucket's decode program, so a bucket's cost per iteration is what its
+batch costs. Whether speculation pays there is a measured question: a verify of N nodes per
+row costs more at a large batch, where the step is no longer bound by reading the weights,
+while the accept length stays the same (vLLM #26504 saw acceptance flat from batch 1 to 32
+while the right choice flipped). So the choice is made from throughput measured on this
+machine, per bucket: :func:`measure` times each candidate (plain decoding among them) in
+the engine's own decode program with every row of the bucket live, and :class:`Policy`
+keeps the fastest. ``python -m jspec tune --occupancy`` stores it beside the drafter
+(``jspec_tuning.json``, one entry per device kind and bucket) for ``Engine(policy="auto")``.
+
+Switching never changes output: the engine samples by position keys
+(:mod:`jspec.engine.programs`), and greedy output is the target's whatever the spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Sequence
+
+from jspec.engine.programs import PLAIN
+from jspec.spec_config import SpecConfig
+from jspec import tune_store
+
+log = logging.getLogger("jspec")
+
+
+def buckets_for(slots: int) -> list[int]:
+    """1, 2, 4, ... below ``slots``, then ``slots``."""
+    out, b = [], 1
+    while b < slots:
+        out.append(b)
+        b *= 2
+    return out + [slots]
+
+
+def mode_label(mode) -> str:
+    if mode == PLAIN:
+        return PLAIN
+    if mode is None:
+        return "default"
+    s = f"{mode.num_steps},{mode.topk},{mode.num_draft_tokens}"
+    return s + ("/cal" if mode.selection == "calibrated" else "")
+
+
+def parse_mode(text: str):
+    if text == PLAIN:
+        return PLAIN
+    if text == "default":
+        return None
+    sel = "eagle2"
+    if text.endswith("/cal"):
+        text, sel = text[:-4], "calibrated"
+    S, K, N = (int(x) for x in text.split(","))
+    return SpecConfig(S, K, N, sel)
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """``picks``: bucket -> a SpecConfig, None (the drafter's default) or ``"plain"``."""
+
+    picks: dict
+
+    def __getitem__(self, bucket: int):
+        return self.picks[bucket]
+
+    def specs(self) -> list:
+        """The speculative modes it runs (plain excluded), each once."""
+        out = []
+        for m in self.picks.values():
+            if m != PLAIN and m not in out:
+                out.append(m)
+        return out
+
+    def check_buckets(self, buckets: Sequence[int]) -> None:
+        missing = [b for b in buckets if b not in self.picks]
+        if missing:
+            raise ValueError(f"the policy has no pick for bucket(s) {missing} of {list(buckets)}")
+
+    def describe(self) -> str:
+        return ", ".join(f"{b}: {mode_label(m)}" for b, m in sorted(self.picks.items()))
+
+    @classmethod
+    def stored(cls, drafter, buckets: Sequence[int], device: str | None = None) -> "Policy":
+        """The picks ``jspec tune --occupancy`` stored for this drafter and device; a bucket
+        without one runs the drafter's default spec (with a warning)."""
+        picks, missing = {}, []
+        for b in buckets:
+            m = tune_store.stored_mode(drafter, b, device)
+            if m is tune_store.MISSING:
+                missing.append(b)
+                m = None
+            picks[b] = parse_mode(m) if isinstance(m, str) else m
+        if missing:
+            log.warning("policy='auto': no stored occupancy pick for bucket(s) %s on %s; they run "
+                        "the drafter's default spec. Run `python -m jspec tune --occupancy` to "
+                        "measure them.", missing, tune_store.device_kind())
+        return cls(picks)
+
+
+def measure(target, drafter, prompts: Sequence, candidates: Sequence, *, slots: int,
+            new_tokens: int = 64, repeats: int = 2, sampling=None, **engine_kw) -> dict:
+    """Tokens/s of each candidate mode at each bucket, with every row of the bucket live:
+    ``{bucket: {label: tokens/s}}``. Each (bucket, candidate) runs the engine on
+    ``bucket`` prompts of ``prompts`` (cycled) for ``new_tokens`` each, once to compile, then
+    ``repeats`` times round-robin over the candidates (so slow drift hits them alike); the
+    best time counts."""
+    from jspec.engine.engine import Engine, Request
+    from jspec.sampling import SamplingConfig
+
+    sampling = sampling or SamplingConfig()
+    engines = {mode_label(m): Engine(target, None if m == PLAIN else drafter, slots=slots,
+                                     spec=None if m == PLAIN else m, sampling=sampling,
+                                     max_new_tokens=new_tokens, **engine_kw)
+               for m in candidates}
+    out = {}
+    for b in buckets_for(slots):
+        # No stop ids: every row runs its new_tokens, so all b rows stay live (bucket b).
+        reqs = [Request(prompts[i % len(prompts)], new_tokens, stop_ids=[]) for i in range(b)]
+        best = {k: float("inf") for k in engines}
+        toks = {}
+        for rep in range(repeats + 1):
+            for k, eng in engines.items():
+                t = time.perf_counter()
+                res = eng.generate(reqs)
+                dt = time.perf_counter() - t
+                toks[k] = sum(len(c.tokens) for c in res)
+                if rep:
+                    best[k] = min(best[k], dt)
+        out[b] = {k: toks[k] / best[k] for k in engines}
+    return out
+
+
+def pick(rates: dict, candidates: Sequence) -> Policy:
+    """The fastest candidate per bucket of :func:`measure`'s rates."""
+    by_label = {mode_label(m): m for m in candidates}
+    return Policy({b: by_label[max(r, key=r.get)] for b, r in rates.items()})

@@ -1,0 +1,193 @@
+"""The serving engine's compiled programs, over one persistent state of B slots.
+
+- :meth:`Programs.init`: the empty state (pools allocated, every slot free);
+- :meth:`Programs.insert`: prefill one request into one slot's pages (one program per
+  prompt bucket; the slot, its page table, stop ids, limit and key are traced);
+- :meth:`Programs.decode`: up to ``chunk`` iterations for the slots in ``rows`` (one
+  program per (spec, bucket of live slots)); ``spec=None`` is plain decoding.
+
+Every program takes the state and gives it back donated, so the pools are updated in
+place. Nothing here depends on which request sits in which slot: a row reads the pools
+through its own page table, draws with its own key, and rows never see each other.
+
+Sampling is *position keyed* (:attr:`jspec.spec_decode.SpecDecoder.coupled`): output token i
+of a request is the draw plain decoding makes with ``fold_in(key, i)``, whatever the spec of
+the chunk that decided it. So switching specs between chunks (:mod:`jspec.engine.policy`)
+never changes a request's output, greedy or sampled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jspec import kernels as kernel_modes, kv_cache as kvc
+from jspec.config import LlamaConfig
+from jspec.decode import MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, PlainDecoder, emit_block, finite_rows
+from jspec.engine import rows as R
+from jspec.llama import forward, logits as lm_logits
+from jspec.sampling import SamplingConfig, sample
+from jspec.serving_layout import pack_params
+from jspec.shapes import Int
+from jspec.spec_config import SpecConfig
+from jspec.spec_decode import SpecDecoder, SpecState
+
+
+PLAIN = "plain"      # the decode mode without speculation (a spec is None for a drafter's default)
+
+
+@struct.dataclass
+class SlotState:
+    core: SpecState                 # draft is None without a drafter
+    stop_ids: Int["B W"]            # -1 padded
+    max_new: Int["B"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Programs:
+    config: LlamaConfig
+    drafter: Any                    # the served drafter's architecture, or None
+    sampling: SamplingConfig
+    slots: int                      # B
+    max_new_tokens: int             # the most new tokens one request may ask for
+    max_depth: int                  # the deepest accepted path of any spec served (S)
+    max_nodes: int                  # the most verified nodes of any spec served (N)
+    page_size: int
+    num_pages: int
+    max_pages: int                  # page-table width (one row's longest allocation)
+    stop_width: int
+    chunk: int                      # iterations per decode call
+    kernels: str = "reference"
+
+    def __post_init__(self):
+        # The drafter attends as the target does (SpecDecoder sets the same for its loop).
+        d = self.drafter
+        if d is not None and getattr(d, "attention", self.kernels) != self.kernels:
+            object.__setattr__(self, "drafter", dataclasses.replace(d, attention=self.kernels))
+
+    # ----------------------------------------------------------------- helpers
+    def spec_decoder(self, spec: SpecConfig) -> SpecDecoder:
+        return SpecDecoder(config=self.config, drafter=self.drafter, spec=spec,
+                           sampling=self.sampling, max_new_tokens=self.max_new_tokens,
+                           page_size=self.page_size, num_pages=self.num_pages,
+                           kernels=self.kernels, coupled=True)
+
+    @property
+    def aux_layers(self) -> tuple[int, ...]:
+        return () if self.drafter is None else self.drafter.target_layers
+
+    def _row(self, cache, dstate, first, keys, finite, stops, max_new) -> SlotState:
+        b = first.shape[0]
+        s = SpecState(cache=cache, draft=dstate, root=first,
+                      tokens=jnp.zeros((b, self.max_new_tokens + self.max_depth + 1), jnp.int32),
+                      num_generated=jnp.zeros((b,), jnp.int32), done=max_new <= 0,
+                      stop_reason=jnp.where(max_new <= 0, MAX_NEW_TOKENS, RUNNING),
+                      iterations=jnp.zeros((b,), jnp.int32),
+                      accept_hist=jnp.zeros((b, self.max_depth + 2), jnp.int32), row_keys=keys)
+        s = emit_block(s, first[:, None], finite.astype(jnp.int32), stops, max_new,
+                       next_slots=self.max_nodes, finite=finite)
+        return SlotState(core=s, stop_ids=stops, max_new=max_new)
+
+    # ---------------------------------------------------------------- programs
+    @functools.partial(jax.jit, static_argnames=("self",))
+    def init(self, params, dparams) -> SlotState:
+        """Every slot free: no pages, done, nothing generated."""
+        c = self.config
+        B = self.slots
+        table = jnp.full((B, self.max_pages), self.num_pages, jnp.int32)
+        cache = kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, table, self.num_pages,
+                               self.page_size, c.dtype)
+        dstate = None
+        if self.drafter is not None:
+            dstate = self.drafter.init_state(B, table, self.num_pages, self.page_size)
+        keys = jax.random.split(jax.random.key(0), B)
+        stops = jnp.full((B, self.stop_width), -1, jnp.int32)
+        zero = jnp.zeros((B,), jnp.int32)
+        return self._row(cache, dstate, zero, keys, jnp.ones((B,), bool), stops, zero)
+
+    @functools.partial(jax.jit, static_argnames=("self",), donate_argnames=("state",))
+    def insert(self, params, dparams, state: SlotState, slot, prompt, prompt_len, table, stops,
+               max_new, key) -> SlotState:
+        """Prefill ``prompt [1, T]`` into the pages of ``table [1, max_pages]`` and make it
+        slot ``slot``'s row; ``key [1]``: the request's row key. The other slots' KV and
+        drafter state are not touched (the prefill writes only this row's pages)."""
+        TRACE_COUNTS["engine_insert"] += 1
+        c = self.config
+        params = pack_params(c, params)
+        pools = state.core.cache
+        cache = kvc.PagedKVCache(
+            k_pages=pools.k_pages, v_pages=pools.v_pages, page_table=table,
+            lengths=jnp.zeros((1,), jnp.int32),
+            capacity=jnp.sum(table < self.num_pages, axis=1, dtype=jnp.int32) * self.page_size)
+        if self.drafter is None:
+            dec = PlainDecoder(c, self.sampling, self.max_new_tokens, self.page_size,
+                               self.num_pages)
+            logits, cache = dec.prefill(params, prompt, prompt_len, cache)
+            first = sample(logits, jax.vmap(jax.random.fold_in)(key, jnp.zeros((1,), jnp.int32)),
+                           self.sampling)
+            dstate, finite = None, finite_rows(logits)
+        else:
+            fresh = self.drafter.init_state(1, table, self.num_pages, self.page_size)
+            dstate = R.with_pools(fresh, state.core.draft)
+            dec = self.spec_decoder(None)
+            cache, dstate, first, key, finite = dec.prefill_into(params, dparams, cache, dstate,
+                                                                 prompt, prompt_len, key)
+        row = self._row(cache, dstate, first, key, finite, stops, max_new)
+        return R.put(state, row, slot[None], self.slots)
+
+    @functools.partial(jax.jit, static_argnames=("self", "spec"), donate_argnames=("state",))
+    def decode(self, params, dparams, state: SlotState, rows, spec: SpecConfig | str | None = PLAIN
+               ) -> SlotState:
+        """Up to ``chunk`` iterations (fewer when every row in ``rows`` is done) for slots
+        ``rows [b]`` (distinct; free slots may pad the bucket: they are done and write
+        nothing). ``spec``: a SpecConfig, None (the drafter's default tree) or :data:`PLAIN`,
+        plain decoding (with a drafter, its state kept current)."""
+        TRACE_COUNTS["engine_decode"] += 1
+        params = pack_params(self.config, params)
+        sub = R.take(state, rows, self.slots)
+        if spec == PLAIN:
+            step = lambda s: self.plain_iteration(params, dparams, s, sub.stop_ids, sub.max_new)
+        else:
+            dec = self.spec_decoder(spec)
+            step = lambda s: dec.iterate(params, dparams, s, sub.stop_ids, sub.max_new)
+
+        def cond(carry):
+            i, s = carry
+            return (i < self.chunk) & ~jnp.all(s.done)
+
+        _, core = jax.lax.while_loop(cond, lambda c: (c[0] + 1, step(c[1])),
+                                     (jnp.zeros((), jnp.int32), sub.core))
+        # A finished row gives its pages back after this call (the host frees them), so it
+        # must write nothing more while it rides along in later chunks.
+        core = R.release(core, core.done)
+        return R.put(state, sub.replace(core=core), rows, self.slots)
+
+    def plain_iteration(self, params, dparams, s: SpecState, stop_ids, max_new) -> SpecState:
+        """One target step per live row: the root's KV written, the next token drawn with its
+        position's key. With a drafter, its state follows (one committed pair per step), so a
+        later chunk can speculate again from here."""
+        c = self.config
+        live = ~s.done
+        hidden, aux, cache = forward(c, params, s.root[:, None], s.cache.lengths[:, None],
+                                     s.cache, valid=live[:, None], aux_layers=self.aux_layers,
+                                     attention_fn=kernel_modes.attention_fn(self.kernels))
+        logits = lm_logits(c, params, hidden[:, 0])
+        tok = sample(logits, jax.vmap(jax.random.fold_in)(s.row_keys, s.num_generated),
+                     self.sampling)
+        finite = finite_rows(logits)
+        n = live.astype(jnp.int32)
+        dstate = s.draft
+        if self.drafter is not None:
+            feats = self.drafter.features(hidden, aux, s.root[:, None])
+            dstate = self.drafter.extend(dparams, (c, params), s.draft, feats, tok[:, None], n)
+        hist = s.accept_hist.at[jnp.arange(tok.shape[0]), n].add(n)
+        s = s.replace(cache=kvc.advance(cache, n), draft=dstate,
+                      root=jnp.where(live, tok, s.root), iterations=s.iterations + n,
+                      accept_hist=hist)
+        return emit_block(s, tok[:, None], (finite & live).astype(jnp.int32), stop_ids, max_new,
+                          next_slots=self.max_nodes, finite=finite)
