@@ -17,6 +17,7 @@ import time
 from typing import Sequence
 
 import jax
+import numpy as np
 
 from jspec.drafters.health import warn_if_collapsed
 from jspec.plan import KVConfig, plan
@@ -48,7 +49,7 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
              prompt_bucket: int = 16, mesh=None, drafter=None,
              spec: SpecConfig | str | None = None,
              forced_accept: float = 0.0, profile: bool = False,
-             kernels: str = "auto") -> GenerationResult:
+             kernels: str = "auto", slots: int | None = None) -> GenerationResult:
     """Generate continuations of ``prompts``: with the target alone, or speculatively.
 
     ``prompts``: one prompt or a list; each a string (needs a tokenizer) or token ids.
@@ -85,7 +86,23 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     else the reference, with a logged reason), ``"reference"`` (XLA), ``"pallas"`` (TPU/GPU
     kernels, an error where they cannot run) or ``"pallas_interpret"`` (the kernels in
     interpret mode, any backend); see :mod:`jspec.kernels`.
+
+    ``slots``: with more prompts than this (default :func:`jspec.engine.default_slots`: 8 on
+    CPU, 64 on accelerators), the prompts run through a :class:`jspec.engine.Engine` of that
+    many slots, refilled as rows finish, instead of one batch of every prompt; results come
+    back in input order. That path is taken when the batch's own knobs are at their
+    defaults (no ``mesh``, ``max_len``, ``num_pages``, partial admission, ``profile`` or
+    ``forced_accept``), and it samples by position keys: greedy output is the same either
+    way, a sampled row has the same distribution (plain decoding: the same tokens).
     """
+    if _through_engine(prompts, slots, mesh=mesh, max_len=max_len, num_pages=num_pages,
+                       kv_admission=kv_admission, profile=profile, forced_accept=forced_accept):
+        return _engine_generate(target, prompts, slots=slots, max_new_tokens=max_new_tokens,
+                                sampling=SamplingConfig(temperature, top_k, top_p),
+                                key=jax.random.key(seed) if key is None else key,
+                                stop_ids=stop_ids, page_size=page_size,
+                                prompt_bucket=prompt_bucket, drafter=drafter, spec=spec,
+                                kernels=kernels)
     if profile and mesh is not None:
         # The profile drives the phases from the host over one pool; a mesh's pools and page
         # tables are per data shard (jspec.sharding.per_data_shard).
@@ -123,3 +140,41 @@ def finish(target: Target, tokens, stats, wall: float, prof=None, drafter=None
     total = sum(map(len, tokens))
     return GenerationResult(tokens=tokens, stats=stats, text=text, wall_s=wall,
                             tokens_per_s=total / wall if wall > 0 else 0.0, profile=prof)
+
+
+def _through_engine(prompts, slots, **batch_knobs) -> bool:
+    from jspec.engine import default_slots
+    if isinstance(prompts, str) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
+        return False
+    if prompts and isinstance(prompts[0], (int, np.integer)):
+        return False
+    defaults = dict(mesh=None, max_len=None, num_pages=None, kv_admission="reserve",
+                    profile=False, forced_accept=0.0)
+    if any(batch_knobs[k] != v for k, v in defaults.items()):
+        return False
+    return len(prompts) > (default_slots() if slots is None else slots)
+
+
+def _engine_generate(target, prompts, *, slots, max_new_tokens, sampling, key, stop_ids,
+                     page_size, prompt_bucket, drafter, spec, kernels) -> GenerationResult:
+    from jspec.engine import Engine, Request
+    from jspec.plan import prompt_ids, row_limits
+
+    ids, _ = prompt_ids(target, prompts)
+    B = len(ids)
+    limits = row_limits(max_new_tokens, B)
+    per_row = bool(stop_ids) and isinstance(stop_ids[0], (list, tuple))
+    if per_row and len(stop_ids) != B:
+        raise ValueError(f"per-row stop_ids has {len(stop_ids)} rows for {B} prompts")
+    cap = max(1, int(limits.max()))
+    t0 = time.perf_counter()
+    eng = Engine(target, drafter, slots=slots, spec=spec, sampling=sampling, max_new_tokens=cap,
+                 max_len=None, page_size=page_size, prompt_bucket=prompt_bucket,
+                 kernels=kernels, longest_prompt=max(map(len, ids)))
+    keys = jax.random.split(key, B)        # row r's key, as in one batch of every prompt
+    reqs = [Request(ids[r], int(limits[r]), key=keys[r],
+                    stop_ids=stop_ids[r] if per_row else stop_ids) for r in range(B)]
+    done = eng.generate(reqs)
+    wall = time.perf_counter() - t0
+    return finish(target, [c.tokens for c in done], [c.stats for c in done], wall, None,
+                  drafter)

@@ -33,6 +33,7 @@ class Oracle(DraftModuleDefaults):
     vocab: int
     miss_rate: float = 0.0      # probability that each planted token is replaced by a decoy
     kind = "oracle"
+    per_row_params = True       # params["future"] has one row per batch row
 
     def validate(self, target_cfg, params=None):
         pass

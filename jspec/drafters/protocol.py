@@ -67,6 +67,10 @@ class DraftModuleDefaults:
     """Defaults of :class:`DraftModule` that most kinds share: they read the target's
     final hidden state, draft ``spec``'s dynamic tree and need no serving relayout."""
 
+    # Parameters that hold one entry per batch row (a test oracle's planted continuation):
+    # such a drafter serves one static batch, not the engine's slots.
+    per_row_params: ClassVar[bool] = False
+
     def check_spec(self, spec: SpecConfig | None) -> None:
         if spec is None:
             raise ValueError(f"a {self.kind} drafter needs tree knobs (a SpecConfig)")

@@ -96,6 +96,9 @@ class _Live:
     first_s: float | None = None
 
 
+DEFAULT_MAX_LEN = 4096
+
+
 def default_slots() -> int:
     """Slots when none are given: 8 on CPU (a 2-core host is busy at 8 rows of the shipped
     model), 64 on accelerators (a v5e/H200 decode step is memory bound well past that)."""
@@ -122,7 +125,7 @@ class Engine:
                  sampling: SamplingConfig = SamplingConfig(), max_new_tokens: int = 256,
                  max_len: int | None = None, page_size: int = 16, num_pages: int | None = None,
                  chunk: int = 8, prompt_bucket: int = 16, stop_width: int = 8,
-                 kernels: str = "auto"):
+                 kernels: str = "auto", longest_prompt: int | None = None):
         check_kernels(kernels)
         B = default_slots() if slots is None else int(slots)
         if B < 1 or chunk < 1 or max_new_tokens < 1:
@@ -131,6 +134,9 @@ class Engine:
         self.target, self.slots, self.sampling, self.chunk = target, B, sampling, chunk
         self.max_new_tokens = int(max_new_tokens)
         self.buckets = buckets_for(B)
+        if drafter is not None and getattr(drafter.module, "per_row_params", False):
+            raise ValueError(f"a {drafter.kind} drafter's parameters have one row per batch "
+                             f"row; it serves generate's static batches, not engine slots")
         if drafter is None:
             if policy is not None or spec is not None:
                 raise ValueError("spec and policy choose how a drafter speculates; no drafter "
@@ -156,7 +162,10 @@ class Engine:
         self.policy = Policy({b: m if m == PLAIN else resolved[m]
                               for b, m in self.policy.picks.items()})
         self.overshoot = overshoot
-        self.max_len = int(max_len or target.config.max_position_embeddings)
+        if max_len is None:
+            top = longest_prompt or min(target.config.max_position_embeddings, DEFAULT_MAX_LEN)
+            max_len = -(-top // prompt_bucket) * prompt_bucket + self.max_new_tokens + overshoot
+        self.max_len = int(max_len)
         if self.max_len < 1 + self.max_new_tokens + overshoot:
             raise ValueError(f"max_len={self.max_len} cannot hold a 1-token prompt, "
                              f"max_new_tokens={self.max_new_tokens} and {overshoot} slots of "

@@ -1,0 +1,158 @@
+"""The serving engine is exact whatever its neighbours: every request's greedy tokens equal
+plain decoding of it (for plain decoding and every drafter kind, chain and tree), sampled
+tokens depend only on the request's own key (its slot, the arrival order, the other
+requests and the spec chosen per occupancy do not matter), and a stream of new requests
+compiles nothing new."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import jspec
+from jspec import decode
+from jspec.checkpoint import load_target
+from jspec.drafters import ngram_drafter, random_drafter
+from jspec.engine import Engine, Policy, Request
+from jspec.engine.programs import PLAIN
+from jspec.kv_cache import KVCacheExhaustedError
+from jspec.sampling import SamplingConfig
+from jspec.spec_config import SpecConfig
+
+LIMITS = [23, 5, 31, 12, 17, 28]
+
+
+@pytest.fixture(scope="module")
+def stories(stories_dir):
+    target = load_target(stories_dir)
+    cases = json.loads((stories_dir / "reference_greedy.json").read_text())["cases"]
+    prompts = [c["prompt_token_ids"] for c in cases]
+    prompts = prompts + [prompts[1][:3] + prompts[0][1:4]]          # 6 prompts, ragged
+    return target, prompts
+
+
+@pytest.fixture(scope="module")
+def plain(stories):
+    """Plain decoding of every prompt in one static batch (rows of a static batch equal
+    the row alone: tests/test_generate.py)."""
+    target, prompts = stories
+    return jspec.generate(target, prompts, max_new_tokens=LIMITS, stop_ids=[]).tokens
+
+
+def requests(prompts, order=None):
+    order = range(len(prompts)) if order is None else order
+    return [Request(prompts[i], LIMITS[i], stop_ids=[], id=i, seed=100 + i) for i in order]
+
+
+def test_plain_engine_equals_generate_and_frees_pages(stories, plain):
+    target, prompts = stories
+    eng = Engine(target, slots=2, max_new_tokens=32, chunk=4)
+    out = eng.generate(requests(prompts))
+    assert [c.tokens for c in out] == plain
+    assert [c.id for c in out] == list(range(len(prompts)))
+    assert all(c.stats["stop_reason"] == "max_new_tokens" for c in out)
+    assert eng.pages.free == eng.pages.num_pages          # every finished row gave its pages back
+    # Refilled as rows finished: more requests than slots, never more live than slots.
+    assert max(live for live, _, _ in eng.chunk_log) == 2
+    assert {b for _, b, _ in eng.chunk_log} == {1, 2}
+
+
+KINDS = [("eagle3", None), ("eagle3", SpecConfig.chain(3)), ("eagle1", None), ("mtp", None),
+         ("medusa", None), ("model", None), ("ngram", None)]
+
+
+@pytest.mark.parametrize("kind,spec", KINDS, ids=[f"{k}-{'chain' if s else 'default'}"
+                                                   for k, s in KINDS])
+def test_speculative_engine_greedy_equals_plain(stories, plain, kind, spec):
+    target, prompts = stories
+    if kind == "ngram":
+        drafter = ngram_drafter(target.config)
+    else:
+        kw = {"num_heads": 4} if kind == "medusa" else {}
+        drafter = random_drafter(kind, target.config, jax.random.key(7), **kw)
+    eng = Engine(target, drafter, slots=2, spec=spec, max_new_tokens=32, chunk=3)
+    out = eng.generate(requests(prompts, order=[3, 0, 5, 1, 4, 2]))
+    assert [c.index for c in out] == list(range(6))
+    assert {c.id: c.tokens for c in out} == dict(enumerate(plain))
+    assert all(c.stats["iterations"] <= c.stats["new_tokens"] for c in out)
+    assert eng.pages.free == eng.pages.num_pages
+
+
+def test_sampling_depends_only_on_the_request(stories):
+    """Sampled output, plain and speculative with the spec switched per occupancy, is the
+    same whatever the slot count, the order and the neighbours: position-keyed draws make a
+    speculative request's tokens those of plain decoding with its key."""
+    target, prompts = stories
+    samp = SamplingConfig(temperature=1.0, top_k=40)
+    plain = Engine(target, slots=3, sampling=samp, max_new_tokens=32, chunk=4)
+    ref = {c.id: c.tokens for c in plain.generate(requests(prompts))}
+    # The same request alone, in a static batch of one (its row key: split(key(seed), 1)[0]).
+    alone = jspec.generate(target, [prompts[2]], max_new_tokens=LIMITS[2], stop_ids=[],
+                           temperature=1.0, top_k=40, seed=102)
+    assert alone.tokens[0] == ref[2]
+    drafter = random_drafter("eagle3", target.config, jax.random.key(7))
+    switching = Policy({1: SpecConfig(4, 3, 6), 2: PLAIN, 4: SpecConfig.chain(3)})
+    eng = Engine(target, drafter, slots=4, policy=switching, sampling=samp, max_new_tokens=32,
+                 chunk=2)
+    mixed = eng.generate(requests(prompts, order=[5, 2, 0, 4, 1, 3]))
+    assert {c.id: c.tokens for c in mixed} == ref
+    assert {mode for _, _, mode in eng.chunk_log} >= {PLAIN, str(SpecConfig(4, 3, 6))}
+    # Different neighbours: half the requests, another order.
+    few = eng.generate(requests(prompts, order=[4, 1, 2]))
+    assert {c.id: c.tokens for c in few} == {i: ref[i] for i in (1, 2, 4)}
+
+
+def test_no_recompilation_as_requests_come_and_go(stories):
+    target, prompts = stories
+    drafter = random_drafter("eagle3", target.config, jax.random.key(7))
+    eng = Engine(target, drafter, slots=2, max_new_tokens=32, chunk=4)
+    eng.generate(requests(prompts))
+    before = dict(decode.TRACE_COUNTS)
+    # New prompts of other lengths (the same prompt bucket), other limits, other order.
+    rng = np.random.default_rng(0)
+    fresh = [Request(list(rng.integers(3, 500, size=n)), int(m), seed=int(n))
+             for n, m in [(7, 9), (2, 30), (12, 1), (5, 19), (9, 0)]]
+    out = eng.generate(fresh)
+    assert [len(c.tokens) <= r.max_new_tokens for c, r in zip(out, fresh)] == [True] * 5
+    assert dict(decode.TRACE_COUNTS) == before
+
+
+def test_streaming_delivers_tokens_before_the_request_ends(stories):
+    target, prompts = stories
+    eng = Engine(target, slots=1, max_new_tokens=64, chunk=2)
+    req = Request(prompts[0], 64, stop_ids=[])
+    list(eng.stream([req]))                                   # compile
+    deltas = []
+    import time
+    t0 = time.perf_counter()
+    for d in eng.stream([req]):
+        deltas.append((time.perf_counter() - t0, d))
+    first_s, first = deltas[0]
+    total_s, last = deltas[-1]
+    assert last.done and not first.done
+    assert sum(len(d.tokens) for _, d in deltas) == 64 == len(last.completion.tokens)
+    # The first delta is one chunk's tokens (the prefill's plus two steps), of 64.
+    assert len(first.tokens) == 3
+    assert first_s < total_s / 4
+    # Text deltas add up to the completion's text.
+    assert "".join(d.text for _, d in deltas) == last.completion.text
+
+
+def test_bad_requests_are_refused_by_name(stories):
+    target, prompts = stories
+    eng = Engine(target, slots=2, max_new_tokens=16, max_len=64)
+    with pytest.raises(ValueError, match="request r1: its prompt has 80 tokens"):
+        eng.check(Request([1] * 80, id="r1"))
+    with pytest.raises(ValueError, match="request 7 has token id 99999|prompt 7 has token id 99999"):
+        eng.check(Request([1, 99999], id=7))
+    with pytest.raises(ValueError, match="max_new_tokens=17 outside"):
+        eng.check(Request([1, 2], 17))
+    with pytest.raises(ValueError, match="prompt x is empty"):
+        eng.check(Request([], id="x"))
+    small = Engine(target, slots=2, max_new_tokens=16, max_len=64, num_pages=2)
+    with pytest.raises(KVCacheExhaustedError, match="needs 3 pages"):
+        small.generate([Request([1] * 30, 16)])
+    oracle = jspec.drafters.make_drafter("oracle", target.config, None, future=np.zeros((1, 8)))
+    with pytest.raises(ValueError, match="one row per batch row"):
+        Engine(target, oracle)
