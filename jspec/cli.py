@@ -275,10 +275,22 @@ def run_tune(args) -> int:
     return 0
 
 
+def _add_run_args(p):
+    from jspec.engine.runner import add_args
+    add_args(p)
+
+
+def _run_dataset(args) -> int:
+    from jspec.engine.runner import run
+    return run(args)
+
+
 COMMANDS = {
     "demo": (add_demo_args, run_demo, "generate with the default model"),
     "generate": (add_generate_args, run_generate, "generate text or token ids"),
     "tune": (add_tune_args, run_tune, "pick the tree shape from measured costs and acceptance"),
+    "run": (_add_run_args, _run_dataset, "a JSONL dataset of requests through the serving "
+            "engine, resumable"),
 }
 
 

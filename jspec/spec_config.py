@@ -72,3 +72,22 @@ class SpecConfig:
 
     def with_selection(self, selection: str) -> "SpecConfig":
         return dataclasses.replace(self, selection=selection)
+
+
+CALIBRATED_SUFFIX = "/cal"
+
+
+def spec_label(spec: SpecConfig) -> str:
+    """``"S,K,N"``, with ``/cal`` for a tree under calibrated selection."""
+    text = f"{spec.num_steps},{spec.topk},{spec.num_draft_tokens}"
+    return text + CALIBRATED_SUFFIX if spec.selection == "calibrated" else text
+
+
+def parse_spec(text: str) -> SpecConfig:
+    """Inverse of :func:`spec_label`."""
+    cal = text.endswith(CALIBRATED_SUFFIX)
+    try:
+        S, K, N = (int(x) for x in text.removesuffix(CALIBRATED_SUFFIX).split(","))
+    except ValueError:
+        raise SpecConfigError(f"expected S,K,N[{CALIBRATED_SUFFIX}], got {text!r}") from None
+    return SpecConfig(S, K, N, "calibrated" if cal else "eagle2")

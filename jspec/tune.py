@@ -41,7 +41,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from jspec.spec_config import SpecConfig, SpecConfigError
+from jspec.spec_config import (CALIBRATED_SUFFIX, SpecConfig, SpecConfigError,  # noqa: F401
+                                parse_spec as parse_shape, spec_label as shape)
 from jspec.tune_store import device_kind
 
 log = logging.getLogger("jspec")
@@ -67,22 +68,6 @@ def default_grid(max_depth: int = 7, selections: Sequence[str] = ("eagle2",)) ->
                 if S <= max_depth and N <= 1 + S * K * 2:   # no tree wider than ~2 levels of K
                     trees.append(sp)
     return grid + [sp.with_selection(sel) for sel in selections for sp in trees]
-
-
-CALIBRATED_SUFFIX = "/cal"
-
-
-def shape(spec: SpecConfig) -> str:
-    """``"S,K,N"``, with ``/cal`` for a tree under calibrated selection."""
-    text = f"{spec.num_steps},{spec.topk},{spec.num_draft_tokens}"
-    return text + CALIBRATED_SUFFIX if spec.selection == "calibrated" else text
-
-
-def parse_shape(text: str) -> SpecConfig:
-    """Inverse of :func:`shape`."""
-    cal = text.endswith(CALIBRATED_SUFFIX)
-    S, K, N = (int(x) for x in text.removesuffix(CALIBRATED_SUFFIX).split(","))
-    return SpecConfig(S, K, N, "calibrated" if cal else "eagle2")
 
 
 def selections_for(drafter) -> tuple[str, ...]:

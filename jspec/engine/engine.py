@@ -34,7 +34,7 @@ import numpy as np
 
 from jspec import kv_cache as kvc
 from jspec.engine.pages import PagePool
-from jspec.engine.policy import Policy, buckets_for
+from jspec.engine.policy import Policy, buckets_for, mode_label
 from jspec.engine.programs import PLAIN, Programs
 from jspec.kernels import check_mode as check_kernels, resolve as resolve_kernels
 from jspec.plan import check_prompt, resolve_drafting, row_stats, stop_table
@@ -271,7 +271,7 @@ class Engine:
             free = [s for s in range(self.slots) if slots[s] is None]
             rows = np.asarray(live + free[:bucket - len(live)], np.int32)
             mode = self.policy[bucket]
-            self.chunk_log.append((len(live), bucket, str(mode)))
+            self.chunk_log.append((len(live), bucket, mode_label(mode)))
             self.state = self.programs.decode(params, self._dparams, self.state,
                                               jnp.asarray(rows), spec=mode)
             core = self.state.core

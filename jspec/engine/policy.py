@@ -23,7 +23,7 @@ import time
 from typing import Sequence
 
 from jspec.engine.programs import PLAIN
-from jspec.spec_config import SpecConfig
+from jspec.spec_config import parse_spec, spec_label
 from jspec import tune_store
 
 log = logging.getLogger("jspec")
@@ -39,24 +39,17 @@ def buckets_for(slots: int) -> list[int]:
 
 
 def mode_label(mode) -> str:
+    """``"plain"``, ``"default"`` (the drafter's spec) or ``"S,K,N[/cal]"``."""
     if mode == PLAIN:
         return PLAIN
-    if mode is None:
-        return "default"
-    s = f"{mode.num_steps},{mode.topk},{mode.num_draft_tokens}"
-    return s + ("/cal" if mode.selection == "calibrated" else "")
+    return "default" if mode is None else spec_label(mode)
 
 
 def parse_mode(text: str):
+    """Inverse of :func:`mode_label`."""
     if text == PLAIN:
         return PLAIN
-    if text == "default":
-        return None
-    sel = "eagle2"
-    if text.endswith("/cal"):
-        text, sel = text[:-4], "calibrated"
-    S, K, N = (int(x) for x in text.split(","))
-    return SpecConfig(S, K, N, sel)
+    return None if text == "default" else parse_spec(text)
 
 
 @dataclasses.dataclass(frozen=True)

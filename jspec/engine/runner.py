@@ -1,0 +1,313 @@
+"""``python -m jspec run``: a dataset of requests through the engine, resumable.
+
+Input: JSON lines, one request each: ``id``, ``prompt`` (text) or ``prompt_ids``, and
+optional ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``seed`` and ``stop`` (a
+list of token ids, or of strings that are one token each; multi-token stop strings are
+refused). Missing fields take the command's flags.
+
+Output: JSON lines appended as requests finish, each written and flushed whole: ``id``,
+``line`` (of the input, 1-based), ``text``, ``token_ids``, ``new_tokens``,
+``mean_accept_len``, ``iterations``, ``stop_reason``, ``latency_s``. A bad record (bad JSON,
+no prompt, a duplicate id, ids outside the vocabulary, a prompt the model cannot hold) is
+reported on stderr with its line and id, and written as ``{"id", "line", "error"}``
+(``--on-error write``, the default) or left out (``skip``); the run goes on.
+
+Resuming: rerunning the same command reads the output first, drops a cut last line (a
+``kill -9`` mid-write), and skips every id already there (and every line, for error records
+without an id): each id ends up exactly once. A request's output depends only on itself
+(greedy; sampled: its ``seed``, default ``--seed`` mixed with a hash of its id), so a resumed
+run equals an uninterrupted one. SIGTERM or SIGINT (a preempted VM) finishes the chunk in
+flight, flushes what has finished and exits 0; requests still in flight are redone on rerun.
+
+Sampling settings are static in the compiled programs, so records are served in groups of
+equal (temperature, top_k, top_p), one engine each, in order of first appearance.
+
+Pods (``--distributed``): every process runs the same command; process ``i`` of ``n`` serves
+the records on lines ``i, i + n, ...`` with its own engine on its own devices and writes its
+own part, ``OUTPUT.part-i-of-n`` (resumable alone). When all are done, process 0 merges the
+parts into ``OUTPUT``. The results are those of one process over the whole file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+log = logging.getLogger("jspec")
+
+OUTPUT_KEYS = ("id", "line", "text", "token_ids", "new_tokens", "mean_accept_len",
+               "iterations", "stop_reason", "latency_s")
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    from jspec.cli import add_kernels_arg
+    p.add_argument("--model", required=True)
+    p.add_argument("--drafter", help="as for generate (a checkpoint, random:KIND, ngram)")
+    p.add_argument("--input", required=True, help="requests, JSON lines")
+    p.add_argument("--output", required=True, help="results, JSON lines (appended; resumable)")
+    p.add_argument("--slots", type=int, help="engine slots (default: 8 on CPU, 64 on TPU/GPU)")
+    p.add_argument("--policy", default="fixed", help="'fixed' (the drafter's spec, or "
+                   "--spec, at every occupancy) or 'auto' (the per-occupancy picks stored by "
+                   "`python -m jspec tune --occupancy`)")
+    p.add_argument("--spec", help="S,K,N tree knobs for --policy fixed (default: the drafter's)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="default per record")
+    p.add_argument("--max-new-cap", type=int, default=4096,
+                   help="records asking for more new tokens are errors")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0, help="mixed with each id's hash when a "
+                   "record has no seed")
+    p.add_argument("--chunk", type=int, default=8, help="iterations between refills")
+    p.add_argument("--on-error", choices=["write", "skip"], default="write")
+    p.add_argument("--mesh", metavar="DATAxMODEL", help="not yet served by the engine: run one "
+                   "process per host with --distributed")
+    p.add_argument("--distributed", action="store_true", help="join a multi-host run; each "
+                   "process serves its share and writes its own part")
+    p.add_argument("--coordinator", metavar="HOST:PORT")
+    p.add_argument("--num-processes", type=int)
+    p.add_argument("--process-id", type=int)
+    p.add_argument("--no-progress", action="store_true")
+    add_kernels_arg(p)
+
+
+@dataclasses.dataclass
+class Record:
+    line: int
+    id: object = None
+    ids: list | None = None
+    max_new: int = 0
+    sampling: tuple = (0.0, 0, 1.0)
+    seed: int = 0
+    stop: list | None = None
+    error: str | None = None
+
+
+def read_done(path: Path) -> tuple[set, set]:
+    """``(ids, lines)`` already in an output file. A last line cut mid-write (no newline,
+    or not JSON) is truncated away, so appending continues from whole lines."""
+    ids, lines = set(), set()
+    if not path.is_file():
+        return ids, lines
+    data = path.read_bytes()
+    good = 0
+    for raw in data.splitlines(keepends=True):
+        if not raw.endswith(b"\n"):
+            break
+        try:
+            rec = json.loads(raw)
+        except json.JSONDecodeError:
+            break
+        good += len(raw)
+        if rec.get("id") is not None:
+            ids.add(_key(rec["id"]))
+        lines.add(rec.get("line"))
+    if good < len(data):
+        log.warning("%s: dropping a cut last line (%d bytes)", path, len(data) - good)
+        with open(path, "r+b") as f:
+            f.truncate(good)
+    return ids, lines
+
+
+def _key(x) -> str:
+    return json.dumps(x, sort_keys=True)
+
+
+def parse(text: str, line: int, target, args) -> Record:
+    """One input line -> a :class:`Record` (``error`` set when it cannot be served)."""
+    from jspec.plan import check_prompt
+
+    rec = Record(line)
+    try:
+        d = json.loads(text)
+        if not isinstance(d, dict):
+            raise ValueError("a record must be a JSON object")
+    except (json.JSONDecodeError, ValueError) as e:
+        rec.error = f"bad JSON: {e}"
+        return rec
+    rec.id = d.get("id")
+    try:
+        if rec.id is None:
+            raise ValueError("no id")
+        if "prompt_ids" in d:
+            rec.ids = [int(t) for t in d["prompt_ids"]]
+        elif isinstance(d.get("prompt"), str):
+            if target.tokenizer is None:
+                raise ValueError("a text prompt needs a model with a tokenizer")
+            rec.ids = target.tokenizer.encode(d["prompt"])
+        else:
+            raise ValueError("no prompt (give 'prompt' text or 'prompt_ids')")
+        check_prompt(rec.ids, target.config.vocab_size, rec.id)
+        rec.max_new = int(d.get("max_new_tokens", args.max_new_tokens))
+        if not 0 <= rec.max_new <= args.max_new_cap:
+            raise ValueError(f"max_new_tokens={rec.max_new} outside [0, {args.max_new_cap}]")
+        limit = target.config.max_position_embeddings
+        if len(rec.ids) + rec.max_new > limit:
+            raise ValueError(f"prompt of {len(rec.ids)} tokens plus {rec.max_new} new ones is "
+                             f"longer than the model's limit of {limit} positions")
+        rec.sampling = (float(d.get("temperature", args.temperature)),
+                        int(d.get("top_k", args.top_k)), float(d.get("top_p", args.top_p)))
+        rec.seed = int(d["seed"]) if "seed" in d else \
+            (args.seed * 1_000_003 + zlib.crc32(_key(rec.id).encode())) % 2 ** 31
+        if "stop" in d:
+            rec.stop = [_stop_id(s, target) for s in d["stop"]]
+    except (ValueError, TypeError) as e:
+        rec.error = str(e)
+    return rec
+
+
+def _stop_id(s, target) -> int:
+    if isinstance(s, int):
+        return s
+    if target.tokenizer is None:
+        raise ValueError("stop strings need a model with a tokenizer; give token ids")
+    ids = target.tokenizer.encode(s, bos=False)
+    if len(ids) != 1:
+        raise ValueError(f"stop string {s!r} is {len(ids)} tokens; stops are single tokens")
+    return ids[0]
+
+
+class _Stop:
+    """SIGTERM / SIGINT: finish the chunk in flight, then stop."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        log.warning("signal %d: finishing the chunk in flight, then exiting", signum)
+        self.requested = True
+
+
+def run(args) -> int:
+    from jspec import distributed
+
+    multi = args.distributed or args.coordinator is not None
+    if multi:
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    if args.mesh:
+        raise ValueError("the engine does not shard over a mesh yet; run one process per host "
+                         "with --distributed (each serves its share on its own devices)")
+    import jax
+
+    import jspec
+    from jspec.cli import load_drafter_arg
+    from jspec.spec_config import parse_spec
+
+    rank, world = (jax.process_index(), jax.process_count()) if multi else (0, 1)
+    out_path = Path(args.output)
+    part = out_path if world == 1 else out_path.with_name(
+        f"{out_path.name}.part-{rank}-of-{world}")
+    target = jspec.load_target(args.model)
+    drafter = load_drafter_arg(args.drafter, target) if args.drafter else None
+    spec = parse_spec(args.spec) if args.spec else None
+    done_ids, done_lines = read_done(part)
+    records = []
+    with open(args.input, encoding="utf-8") as f:
+        for n, text in enumerate(f, 1):
+            if (n - 1) % world != rank or not text.strip():
+                continue
+            records.append(parse(text, n, target, args))
+    seen, todo = set(done_ids), []
+    for r in records:
+        key = None if r.id is None else _key(r.id)
+        if (key in done_ids) or (key is None and r.line in done_lines):
+            continue
+        if r.error is None and key in seen:
+            r.error = f"duplicate id {r.id!r}"
+        if key is not None and r.error is None:
+            seen.add(key)
+        todo.append(r)
+    stop = _Stop()
+    with open(part, "a", encoding="utf-8") as out:
+        def write(obj):
+            out.write(json.dumps(obj) + "\n")
+            out.flush()
+
+        good = []
+        for r in todo:
+            if r.error is None:
+                good.append(r)
+                continue
+            print(f"jspec run: line {r.line}, id {r.id!r}: {r.error}", file=sys.stderr)
+            if args.on_error == "write":
+                write({"id": r.id, "line": r.line, "error": r.error})
+        finished = _serve(target, drafter, spec, good, args, write, stop)
+    if stop.requested:
+        print(f"jspec run: stopped by signal after {finished} requests; rerun the same command "
+              f"to resume", file=sys.stderr)
+        return 0
+    if world > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices("jspec run: parts written")
+        if rank == 0:
+            merge([out_path.with_name(f"{out_path.name}.part-{i}-of-{world}")
+                   for i in range(world)], out_path)
+    return 0
+
+
+def _serve(target, drafter, spec, records, args, write, stop) -> int:
+    """Serve ``records`` group by group (equal sampling settings); returns how many finished."""
+    from tqdm import tqdm
+
+    from jspec.engine import Engine, Request
+    from jspec.sampling import SamplingConfig
+
+    groups: dict = {}
+    for r in records:
+        groups.setdefault(r.sampling, []).append(r)
+    bar = tqdm(total=len(records), unit="req", disable=args.no_progress or None,
+               file=sys.stderr, dynamic_ncols=True)
+    finished, tokens, accepted, t0 = 0, 0, [], time.perf_counter()
+    try:
+        for (temp, top_k, top_p), group in groups.items():
+            eng = Engine(target, drafter, slots=args.slots,
+                         spec=spec if args.policy == "fixed" and drafter is not None else None,
+                         policy="auto" if args.policy == "auto" and drafter is not None else None,
+                         sampling=SamplingConfig(temp, top_k, top_p),
+                         max_new_tokens=max(1, max(r.max_new for r in group)),
+                         longest_prompt=max(len(r.ids) for r in group), chunk=args.chunk,
+                         kernels=args.kernels)
+            by_index = {i: r for i, r in enumerate(group)}
+            reqs = (Request(r.ids, r.max_new, seed=r.seed, stop_ids=r.stop, id=r.id)
+                    for r in group)
+            for d in eng.stream(reqs):
+                if d.done:
+                    c, r = d.completion, by_index[d.index]
+                    s = c.stats
+                    write({"id": r.id, "line": r.line, "text": c.text, "token_ids": c.tokens,
+                           "new_tokens": s["new_tokens"],
+                           "mean_accept_len": s.get("mean_accept_len", 1.0),
+                           "iterations": s["iterations"], "stop_reason": s["stop_reason"],
+                           "latency_s": round(s["latency_s"], 4)})
+                    finished += 1
+                    tokens += s["new_tokens"]
+                    accepted.append(s.get("mean_accept_len", 1.0))
+                    bar.update(1)
+                    bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - t0):.0f}",
+                                    accept=f"{sum(accepted) / len(accepted):.2f}")
+                if stop.requested:
+                    return finished
+    finally:
+        bar.close()
+    return finished
+
+
+def merge(parts: list[Path], out: Path) -> None:
+    """Whole lines of every part, in part order, into ``out`` (a temporary file, renamed)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}-", dir=out.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        for p in parts:
+            read_done(p)                        # drops a cut last line
+            f.write(p.read_text(encoding="utf-8"))
+    os.replace(tmp, out)
