@@ -41,6 +41,9 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-ids", type=_ids, default=None, help="ids that end a row (default: EOS)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
+                   help="print tokens as they are accepted (default: on a terminal, for one "
+                        "process without a mesh); several prompts print each as it finishes")
     add_kernels_arg(p)
     sp = p.add_argument_group("speculative decoding")
     sp.add_argument("--drafter", help="drafter checkpoint (HF EAGLE/EAGLE-3/Medusa/MTP layout or "
@@ -134,6 +137,15 @@ def run_generate(args) -> int:
     if args.drafter:
         drafter = load_drafter_arg(args.drafter, target)     # generate places it on the mesh
         spec = spec_from_args(args, drafter)
+    stream = args.stream
+    if stream is None:
+        stream = sys.stdout.isatty() and not (args.json or multi or mesh or args.profile
+                                              or args.output)
+    if stream:
+        if args.json or multi or mesh or args.profile or args.output:
+            raise ValueError("--stream serves one process without a mesh, and prints text: "
+                             "drop --json/--output/--profile/--mesh/--distributed")
+        return stream_generate(args, target, prompts, drafter, spec)
     res = jspec.generate(target, prompts, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                          seed=args.seed, stop_ids=args.stop_ids, drafter=drafter, spec=spec,
@@ -166,6 +178,54 @@ def run_generate(args) -> int:
         p = res.profile
         print(f"-- time shares: draft {p['draft_share']:.0%}, verify {p['verify_share']:.0%}, "
               f"other {p['other_share']:.0%}", file=sys.stderr)
+    return 0
+
+
+def stream_generate(args, target, prompts, drafter, spec) -> int:
+    """``generate --stream``: the prompts through a :class:`jspec.engine.Engine`, printed as
+    their tokens are accepted (one prompt), or each as it finishes (several). Row ``r``
+    samples with the key it has in ``generate``'s batch, so the output is the same."""
+    import time
+
+    import jax
+
+    from jspec.engine import Engine, Request, default_slots
+    from jspec.sampling import SamplingConfig
+
+    texts = args.prompt is not None
+    ids = [target.tokenizer.encode(p) for p in prompts] if texts else prompts
+    keys = jax.random.split(jax.random.key(args.seed), len(ids))
+    eng = Engine(target, drafter, slots=min(len(ids), default_slots()), spec=spec,
+                 sampling=SamplingConfig(args.temperature, args.top_k, args.top_p),
+                 max_new_tokens=max(1, args.max_new_tokens), longest_prompt=max(map(len, ids)),
+                 kernels=args.kernels)
+    reqs = [Request(p, args.max_new_tokens, key=keys[r], stop_ids=args.stop_ids)
+            for r, p in enumerate(ids)]
+    one = len(ids) == 1
+    show = (lambda toks: target.tokenizer.decode(toks)) if target.tokenizer is not None else \
+        (lambda toks: " ".join(map(str, toks)))
+    if one and texts:
+        print(prompts[0], end="", flush=True)
+    t0, n, acc = time.perf_counter(), 0, []
+    for d in eng.stream(reqs):
+        if one:
+            shown = d.text if d.text is not None else " ".join(map(str, d.tokens)) + " "
+            print(shown, end="", flush=True)
+        if d.done:
+            c = d.completion
+            n += len(c.tokens)
+            acc.append(c.stats.get("mean_accept_len", 1.0))
+            if not one:
+                head = prompts[c.index] if texts else ""
+                print(f"[{c.index}] {head}{show(c.tokens)}", flush=True)
+    if one:
+        print()
+    wall = time.perf_counter() - t0
+    print(f"-- {n} tokens in {wall:.2f}s ({n / wall:.1f} tok/s, compilation included)",
+          file=sys.stderr)
+    if drafter is not None:
+        print(f"-- {drafter.kind}: mean accept length {sum(acc) / len(acc):.2f} tokens/verify",
+              file=sys.stderr)
     return 0
 
 
