@@ -280,7 +280,8 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
                      "e.g. 100m, with --forced-accept")
     p.add_argument("--drafter", required=True, help="drafter checkpoint directory (the pick is "
                    "stored in it), or random:KIND[:DRAFT_VOCAB] (nothing stored)")
-    p.add_argument("--prompts", help="text prompts, one per line (default: random token prompts)")
+    p.add_argument("--prompts", help="text prompts, one per line, or (--occupancy) a .json list "
+                   "or {\"train\": [...]} (default: random token prompts)")
     p.add_argument("--num-prompts", type=int, default=4, help="prompts used for calibration")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--new-tokens", type=int, default=64, help="tokens per timed run")
@@ -296,6 +297,18 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", help="save predicted vs measured tokens/s (PNG, needs matplotlib)")
     p.add_argument("--no-store", dest="store", action="store_false",
                    help="do not store the pick beside the drafter")
+    occ = p.add_argument_group("the serving engine's pick per occupancy (--occupancy)")
+    occ.add_argument("--occupancy", action="store_true",
+                     help="time each candidate in the engine at every bucket of live slots "
+                          "(1, 2, 4, ..., --slots) and store the fastest per bucket, for "
+                          "Engine(policy='auto') and `jspec run --policy auto`")
+    occ.add_argument("--slots", type=int, default=8)
+    occ.add_argument("--max-new-cap", type=int, default=None,
+                     help="the engine's max_new_tokens, which sizes every row's KV (the "
+                          "reference attention reads all of it): as in serving (default: "
+                          "--new-tokens)")
+    occ.add_argument("--candidates", nargs="+", default=["plain", "default", "3,1,4", "4,2,6"],
+                     metavar="MODE", help="plain, default (the drafter's spec) or S,K,N[/cal]")
 
 
 def run_tune(args) -> int:
@@ -305,6 +318,8 @@ def run_tune(args) -> int:
 
     target, _ = load(args.model, args.random_config)
     drafter = load_drafter_arg(args.drafter, target)
+    if args.occupancy:
+        return run_tune_occupancy(args, target, drafter)
     n = max(args.num_prompts, args.batch)
     if args.prompts:
         prompts = [line for line in Path(args.prompts).read_text().splitlines() if line.strip()][:n]
@@ -332,6 +347,40 @@ def run_tune(args) -> int:
         tune.plot(res, args.plot)
     if args.store and drafter.source is not None and not args.forced_accept:
         print(f"stored in {tune_store.store(res, drafter.source)}", file=sys.stderr)
+    return 0
+
+
+def run_tune_occupancy(args, target, drafter) -> int:
+    """``tune --occupancy``: tokens/s of each candidate mode at each bucket, the pick."""
+    from jspec import tune_store
+    from jspec.bench.plain import make_prompts
+    from jspec.engine import policy
+
+    if args.prompts and args.prompts.endswith(".json"):
+        data = json.loads(Path(args.prompts).read_text())      # a list, or {"train": [...]}
+        prompts = data["train"] if isinstance(data, dict) else data
+    elif args.prompts:
+        prompts = [line for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    else:
+        prompts = [list(map(int, p)) for p in make_prompts(target.config, args.slots, 32)]
+    cands = [policy.parse_mode(c) for c in args.candidates]
+    rates = policy.measure(target, drafter, prompts, cands, slots=args.slots,
+                           new_tokens=args.new_tokens, repeats=args.repeats,
+                           max_new_cap=args.max_new_cap, longest_prompt=max(len(target.tokenizer.encode(p)) if isinstance(p, str)
+                                              else len(p) for p in prompts))
+    picked = policy.pick(rates, cands)
+    labels = [policy.mode_label(c) for c in cands]
+    print("live slots  " + "  ".join(f"{x:>10}" for x in labels) + "   pick")
+    for b, r in rates.items():
+        print(f"{b:>10}  " + "  ".join(f"{r[x]:>10.1f}" for x in labels) +
+              f"   {policy.mode_label(picked[b])}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rates": rates, "pick": {
+            b: policy.mode_label(m) for b, m in picked.picks.items()}}, indent=1))
+    if args.store and drafter.source is not None:
+        path = tune_store.store_occupancy(
+            rates, {b: policy.mode_label(m) for b, m in picked.picks.items()}, drafter.source)
+        print(f"stored in {path}", file=sys.stderr)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""``python -m jspec.bench {plain,forward,spec,anatomy,plan,load,long-run,aot-kernels} ...``
+"""``python -m jspec.bench {plain,forward,spec,serve,anatomy,plan,load,long-run,aot-kernels} ...``
 (see :mod:`jspec.bench`)."""
 
 from __future__ import annotations
@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="attention and verify walk: the jnp reference or the Pallas kernels "
                         "(TPU/GPU, e.g. with --aot)")
     s.add_argument("--json", metavar="OUT", help="also write the rows as JSON")
+    from jspec.bench.serve import add_args as serve_args
+    serve_args(sub.add_parser("serve", help="a skewed stream of requests: generate in batches vs "
+                                            "the engine (plain, fixed spec, pick per occupancy)"))
     long_run_args(sub.add_parser("long-run", help="a ~16k-token generation and 200 consecutive "
                                                   "calls: RSS, compile counts, wall time"))
     return p
@@ -198,6 +201,9 @@ def main(argv=None):
     if args.bench == "long-run":
         from jspec.bench import long_run
         return long_run.main(args)
+    if args.bench == "serve":
+        from jspec.bench import serve
+        return serve.main(args)
     if args.bench == "anatomy":
         from jspec.bench import anatomy
         return anatomy.main(args)

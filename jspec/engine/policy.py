@@ -96,19 +96,22 @@ class Policy:
 
 
 def measure(target, drafter, prompts: Sequence, candidates: Sequence, *, slots: int,
-            new_tokens: int = 64, repeats: int = 2, sampling=None, **engine_kw) -> dict:
+            new_tokens: int = 64, repeats: int = 2, sampling=None, max_new_cap: int | None = None,
+            **engine_kw) -> dict:
     """Tokens/s of each candidate mode at each bucket, with every row of the bucket live:
     ``{bucket: {label: tokens/s}}``. Each (bucket, candidate) runs the engine on
     ``bucket`` prompts of ``prompts`` (cycled) for ``new_tokens`` each, once to compile, then
     ``repeats`` times round-robin over the candidates (so slow drift hits them alike); the
-    best time counts."""
+    best time counts. ``max_new_cap``: the engines' ``max_new_tokens`` (it sizes each row's
+    KV, which the reference attention reads whole), as the engine being tuned has it."""
     from jspec.engine.engine import Engine, Request
     from jspec.sampling import SamplingConfig
 
     sampling = sampling or SamplingConfig()
     engines = {mode_label(m): Engine(target, None if m == PLAIN else drafter, slots=slots,
                                      spec=None if m == PLAIN else m, sampling=sampling,
-                                     max_new_tokens=new_tokens, **engine_kw)
+                                     max_new_tokens=max(new_tokens, max_new_cap or 0),
+                                     **engine_kw)
                for m in candidates}
     out = {}
     for b in buckets_for(slots):

@@ -1,0 +1,167 @@
+"""``python -m jspec.bench serve``: a stream of requests with skewed lengths, served today's
+way (``generate`` on batches of B in input order) and by the engine (B slots refilled as
+rows finish), plain and with a drafter at a fixed spec and with the per-occupancy pick; then
+(``--sweep``) the engine's tokens/s with every slot full at several slot counts.
+
+Every method runs in the same process, warm: today's way runs its batches twice and times
+the second pass (each batch has its own static shapes, so the first pass compiles); the
+engine serves the first requests once to compile its programs. Latency is from the start of
+the method's run to the request's last token (today's way: the end of its batch, which is
+also when its first token is seen); first token is when the request's first delta arrives.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from jspec.engine import Engine, Request
+from jspec.engine.policy import mode_label, parse_mode
+
+
+def add_args(s) -> None:
+    s.add_argument("--model", default=None, help="default: the shipped default model")
+    s.add_argument("--drafter", default=None, help="default: the model's shipped EAGLE-3")
+    s.add_argument("--prompts", default=None, help="text prompts, one per line (default: the "
+                   "shipped held-out prompts)")
+    s.add_argument("--requests", type=int, default=256)
+    s.add_argument("--min-new", type=int, default=8)
+    s.add_argument("--max-new", type=int, default=512)
+    s.add_argument("--slots", type=int, default=8)
+    s.add_argument("--spec", default="default", help="the fixed mode: default or S,K,N[/cal]")
+    s.add_argument("--chunk", type=int, default=8)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--skip-today", action="store_true", help="engine rows only")
+    s.add_argument("--sweep", type=int, nargs="*", default=None, metavar="B",
+                   help="also: tokens/s with B full slots (e.g. 1 4 8 16 32)")
+    s.add_argument("--sweep-new", type=int, default=64)
+    s.add_argument("--json", metavar="OUT")
+
+
+def workload(prompts, n: int, lo: int, hi: int, seed: int) -> list[tuple[str, int]]:
+    """``n`` (prompt, max_new_tokens): prompts drawn with replacement, limits log-uniform."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(prompts), n)
+    new = np.exp(rng.uniform(math.log(lo), math.log(hi), n)).round().astype(int)
+    return [(prompts[i], int(m)) for i, m in zip(idx, new)]
+
+
+def _summary(name, tokens, wall, lat, first) -> dict:
+    return {"method": name, "tokens": int(tokens), "wall_s": wall, "tok_s": tokens / wall,
+            "p50_s": float(np.percentile(lat, 50)), "p99_s": float(np.percentile(lat, 99)),
+            "ttft_p50_s": float(np.percentile(first, 50)),
+            "ttft_p99_s": float(np.percentile(first, 99))}
+
+
+def today(target, drafter, spec, work, B) -> dict:
+    """``generate`` on consecutive batches of B, as a user without the engine would."""
+    import jspec
+    kw = {} if drafter is None else {"drafter": drafter, "spec": spec}
+    batches = [work[i:i + B] for i in range(0, len(work), B)]
+    for timed in (False, True):
+        t0, lat, tokens = time.perf_counter(), [], 0
+        for batch in batches:
+            res = jspec.generate(target, [p for p, _ in batch],
+                                 max_new_tokens=[m for _, m in batch], slots=len(batch), **kw)
+            tokens += sum(map(len, res.tokens))
+            lat += [time.perf_counter() - t0] * len(batch)
+        wall = time.perf_counter() - t0
+    return tokens, wall, lat, lat
+
+
+def engine(target, drafter, work, B, chunk, **kw):
+    longest = max(len(target.tokenizer.encode(p)) for p, _ in work)
+    eng = Engine(target, drafter, slots=B, max_new_tokens=max(m for _, m in work), chunk=chunk,
+                 longest_prompt=longest, **kw)
+    # Warm: staggered limits finish one by one, so every bucket's program compiles.
+    eng.generate([Request(p, m) for p, m in sorted(work[:2 * B], key=lambda w: w[1])])
+    t0 = time.perf_counter()
+    done = eng.generate([Request(p, m) for p, m in work])
+    wall = time.perf_counter() - t0
+    return (sum(len(c.tokens) for c in done), wall, [c.stats["latency_s"] for c in done],
+            [c.stats["first_token_s"] or c.stats["latency_s"] for c in done], eng)
+
+
+def sweep(target, drafter, prompts, slot_counts, new, chunk, fixed) -> list[dict]:
+    """Tokens/s with every slot full (no stop ids: each request runs ``new`` tokens), plain,
+    the fixed spec and the stored pick, round-robin best of 2 after a warm call."""
+    rows = []
+    for B in slot_counts:
+        reqs = [Request(prompts[i % len(prompts)], new, stop_ids=[]) for i in range(B)]
+        engines = {"plain": Engine(target, None, slots=B, max_new_tokens=new, chunk=chunk),
+                   "fixed": Engine(target, drafter, slots=B, spec=fixed, max_new_tokens=new,
+                                   chunk=chunk),
+                   "pick": Engine(target, drafter, slots=B, policy="auto", max_new_tokens=new,
+                                  chunk=chunk)}
+        best = {k: float("inf") for k in engines}
+        for rep in range(3):
+            for k, e in engines.items():
+                t0 = time.perf_counter()
+                e.generate(reqs)
+                if rep:
+                    best[k] = min(best[k], time.perf_counter() - t0)
+        rate = {k: B * new / v for k, v in best.items()}
+        rows.append({"slots": B, **{f"{k}_tok_s": v for k, v in rate.items()},
+                     "pick_mode": mode_label(engines["pick"].policy[B]),
+                     "pick_vs_best": rate["pick"] / max(rate["plain"], rate["fixed"]),
+                     "fixed_vs_plain": rate["fixed"] / rate["plain"],
+                     "pick_vs_plain": rate["pick"] / rate["plain"]})
+    return rows
+
+
+def main(args) -> dict:
+    import jspec
+    from jspec.cli import default_model
+    from jspec.drafters import load_drafter
+
+    model = Path(args.model) if args.model else default_model()
+    target = jspec.load_target(model)
+    dpath = args.drafter or str(model.parent / "drafters" / "eagle3")
+    drafter = load_drafter(dpath, target.config)
+    ppath = args.prompts or str(model.parent / "drafters" / "heldout_prompts.txt")
+    prompts = [x for x in Path(ppath).read_text().splitlines() if x.strip()]
+    work = workload(prompts, args.requests, args.min_new, args.max_new, args.seed)
+    fixed = parse_mode(args.spec)
+    B = args.slots
+    rows = []
+
+    def add(name, out):
+        rows.append(_summary(name, *out[:4]))
+        print(f"  {name}: {rows[-1]['tok_s']:.1f} tok/s", flush=True)
+
+    print(f"{len(work)} requests, max_new_tokens log-uniform in [{args.min_new}, "
+          f"{args.max_new}] ({sum(m for _, m in work)} at most), {B} slots", flush=True)
+    if not args.skip_today:
+        add("today: generate in batches, plain", today(target, None, None, work, B))
+        add(f"today: generate in batches, {drafter.kind} {args.spec}",
+            today(target, drafter, fixed, work, B))
+    add("engine, plain", engine(target, None, work, B, args.chunk))
+    add(f"engine, {drafter.kind} {args.spec}", engine(target, drafter, work, B, args.chunk,
+                                                       spec=fixed))
+    out = engine(target, drafter, work, B, args.chunk, policy="auto")
+    add(f"engine, {drafter.kind} pick per occupancy", out)
+    print(f"  pick: {out[4].policy.describe()}")
+    print()
+    print(f"{'method':<44} {'tokens':>7} {'tok/s':>8} {'p50 s':>7} {'p99 s':>7} "
+          f"{'TTFT p50':>9} {'TTFT p99':>9}")
+    for r in rows:
+        print(f"{r['method']:<44} {r['tokens']:>7} {r['tok_s']:>8.1f} {r['p50_s']:>7.2f} "
+              f"{r['p99_s']:>7.2f} {r['ttft_p50_s']:>9.2f} {r['ttft_p99_s']:>9.2f}")
+    result = {"workload": {"requests": len(work), "slots": B, "seed": args.seed}, "rows": rows}
+    if args.sweep:
+        print()
+        result["sweep"] = sw = sweep(target, drafter, prompts, args.sweep, args.sweep_new,
+                                     args.chunk, fixed)
+        print(f"{'slots':>5} {'plain':>8} {'fixed':>8} {'pick':>8} {'pick mode':>10} "
+              f"{'pick/best':>9} {'pick/plain':>10}")
+        for r in sw:
+            print(f"{r['slots']:>5} {r['plain_tok_s']:>8.1f} {r['fixed_tok_s']:>8.1f} "
+                  f"{r['pick_tok_s']:>8.1f} {r['pick_mode']:>10} {r['pick_vs_best']:>9.3f} "
+                  f"{r['pick_vs_plain']:>10.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return result
