@@ -5,7 +5,7 @@ rows finish), plain and with a drafter at a fixed spec and with the per-occupanc
 
 Every method runs in the same process, warm: today's way runs its batches twice and times
 the second pass (each batch has its own static shapes, so the first pass compiles); the
-engine serves the first requests once to compile its programs. Latency is from the start of
+engine compiles its programs first (:meth:`jspec.engine.Engine.warm`). Latency is from the start of
 the method's run to the request's last token (today's way: the end of its batch, which is
 also when its first token is seen); first token is when the request's first delta arrives.
 """
@@ -77,8 +77,7 @@ def engine(target, drafter, work, B, chunk, **kw):
     longest = max(len(target.tokenizer.encode(p)) for p, _ in work)
     eng = Engine(target, drafter, slots=B, max_new_tokens=max(m for _, m in work), chunk=chunk,
                  longest_prompt=longest, **kw)
-    # Warm: staggered limits finish one by one, so every bucket's program compiles.
-    eng.generate([Request(p, m) for p, m in sorted(work[:2 * B], key=lambda w: w[1])])
+    eng.warm(longest)
     t0 = time.perf_counter()
     done = eng.generate([Request(p, m) for p, m in work])
     wall = time.perf_counter() - t0
@@ -86,17 +85,20 @@ def engine(target, drafter, work, B, chunk, **kw):
             [c.stats["first_token_s"] or c.stats["latency_s"] for c in done], eng)
 
 
-def sweep(target, drafter, prompts, slot_counts, new, chunk, fixed) -> list[dict]:
+def sweep(target, drafter, prompts, slot_counts, new, chunk, fixed, cap) -> list[dict]:
     """Tokens/s with every slot full (no stop ids: each request runs ``new`` tokens), plain,
-    the fixed spec and the stored pick, round-robin best of 2 after a warm call."""
+    the fixed spec and the stored pick, round-robin best of 2 after a warm call; engines
+    sized for ``cap`` new tokens a request, as in the stream above."""
     rows = []
+    longest = max(len(target.tokenizer.encode(p)) for p in prompts)
     for B in slot_counts:
         reqs = [Request(prompts[i % len(prompts)], new, stop_ids=[]) for i in range(B)]
-        engines = {"plain": Engine(target, None, slots=B, max_new_tokens=new, chunk=chunk),
-                   "fixed": Engine(target, drafter, slots=B, spec=fixed, max_new_tokens=new,
-                                   chunk=chunk),
-                   "pick": Engine(target, drafter, slots=B, policy="auto", max_new_tokens=new,
-                                  chunk=chunk)}
+        kw = dict(slots=B, max_new_tokens=cap, chunk=chunk, longest_prompt=longest)
+        engines = {"plain": Engine(target, None, **kw),
+                   "fixed": Engine(target, drafter, spec=fixed, **kw),
+                   "pick": Engine(target, drafter, policy="auto", **kw)}
+        for e in engines.values():
+            e.warm(longest)
         best = {k: float("inf") for k in engines}
         for rep in range(3):
             for k, e in engines.items():
@@ -155,7 +157,7 @@ def main(args) -> dict:
     if args.sweep:
         print()
         result["sweep"] = sw = sweep(target, drafter, prompts, args.sweep, args.sweep_new,
-                                     args.chunk, fixed)
+                                     args.chunk, fixed, args.max_new)
         print(f"{'slots':>5} {'plain':>8} {'fixed':>8} {'pick':>8} {'pick mode':>10} "
               f"{'pick/best':>9} {'pick/plain':>10}")
         for r in sw:

@@ -22,6 +22,7 @@ only on its own key (position-keyed sampling; see :mod:`jspec.engine.programs`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -117,7 +118,10 @@ class Engine:
     most any request may ask for. ``max_len``: KV slots per row (default: the model's
     ``max_position_embeddings``); ``num_pages``: the page budget (default: every slot can hold
     a ``max_len`` row; with fewer, requests wait for pages). ``chunk``: iterations per
-    decode call, between which rows are refilled and output is streamed.
+    decode call, between which rows are refilled and output is streamed. ``mesh``: a
+    ``(1, model)`` mesh (:func:`jspec.sharding.make_mesh`) for tensor parallelism within a
+    host, the target placed on it (``jspec.load_target(path, mesh=mesh)``); data parallelism
+    is one engine per host (``python -m jspec run --distributed``).
     """
 
     def __init__(self, target: Target, drafter=None, *, slots: int | None = None, spec=None,
@@ -125,12 +129,17 @@ class Engine:
                  sampling: SamplingConfig = SamplingConfig(), max_new_tokens: int = 256,
                  max_len: int | None = None, page_size: int = 16, num_pages: int | None = None,
                  chunk: int = 8, prompt_bucket: int = 16, stop_width: int = 8,
-                 kernels: str = "auto", longest_prompt: int | None = None):
+                 kernels: str = "auto", longest_prompt: int | None = None, mesh=None):
         check_kernels(kernels)
         B = default_slots() if slots is None else int(slots)
         if B < 1 or chunk < 1 or max_new_tokens < 1:
             raise ValueError(f"slots, chunk and max_new_tokens must be >= 1, got {B}, {chunk}, "
                              f"{max_new_tokens}")
+        if mesh is not None and mesh.shape.get("data", 1) != 1:
+            raise ValueError(f"the engine shards over a (1, model) mesh (tensor parallelism); "
+                             f"this one has data={mesh.shape['data']}: run one engine per host "
+                             f"(python -m jspec run --distributed) for data parallelism")
+        self.mesh = mesh
         self.target, self.slots, self.sampling, self.chunk = target, B, sampling, chunk
         self.max_new_tokens = int(max_new_tokens)
         self.buckets = buckets_for(B)
@@ -174,15 +183,17 @@ class Engine:
         num_pages = B * max_pages if num_pages is None else int(num_pages)
         self.pages = PagePool(num_pages, page_size, max_pages)
         self.prompt_buckets = _prompt_buckets(prompt_bucket, self.max_len - overshoot - 1)
-        self.drafter = None if drafter is None else drafter.serving
+        self.drafter = None if drafter is None else \
+            drafter.serving if mesh is None else drafter.on_mesh(target.config, mesh)
         kernels = resolve_kernels(kernels, target.config, page_size=page_size,
                                   num_nodes=max(N, 1), max_depth=S if drafter else None,
-                                  greedy=True, batch=B, max_pages=max_pages, num_pages=num_pages)
+                                  greedy=True, batch=B, max_pages=max_pages, num_pages=num_pages,
+                                  mesh=mesh)
         self.programs = Programs(
             config=target.config, drafter=None if drafter is None else self.drafter.module,
             sampling=sampling, slots=B, max_new_tokens=self.max_new_tokens, max_depth=S,
             max_nodes=max(N, 1), page_size=page_size, num_pages=num_pages, max_pages=max_pages,
-            stop_width=stop_width, chunk=chunk, kernels=kernels)
+            stop_width=stop_width, chunk=chunk, kernels=kernels, mesh=mesh)
         self._dparams = None if drafter is None else self.drafter.params
         self.state = None
         self.chunk_log: list[tuple[int, int, str]] = []   # (live, bucket, mode) per decode call
@@ -221,9 +232,15 @@ class Engine:
         return jax.random.split(jax.random.key(0 if req.seed is None else req.seed), 1)
 
     # ------------------------------------------------------------------ running
+    def _on_mesh(self):
+        """Programs are traced with the mesh set, so the kernels run per device
+        (:func:`jspec.kernels.per_device`) and the pools stay sharded."""
+        return contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh)
+
     def _ensure_state(self):
         if self.state is None:
-            self.state = self.programs.init(self.target.serving_params, self._dparams)
+            with self._on_mesh():
+                self.state = self.programs.init(self.target.serving_params, self._dparams)
 
     def _insert(self, slot: int, live: _Live):
         ids = live.ids
@@ -233,11 +250,32 @@ class Engine:
         table = np.full((1, self.pages.max_pages), self.pages.num_pages, np.int32)
         table[0, :len(live.pages)] = live.pages
         stops = stop_table(self.target, live.req.stop_ids, 1, self.programs.stop_width)
-        self.state = self.programs.insert(
-            self.target.serving_params, self._dparams, self.state, jnp.int32(slot),
-            jnp.asarray(prompt), jnp.asarray([len(ids)], jnp.int32), jnp.asarray(table),
-            jnp.asarray(stops), jnp.asarray([live.req.max_new_tokens], jnp.int32),
-            self._key(live.req))
+        with self._on_mesh():
+            self.state = self.programs.insert(
+                self.target.serving_params, self._dparams, self.state, jnp.int32(slot),
+                jnp.asarray(prompt), jnp.asarray([len(ids)], jnp.int32), jnp.asarray(table),
+                jnp.asarray(stops), jnp.asarray([live.req.max_new_tokens], jnp.int32),
+                self._key(live.req))
+
+    def warm(self, longest_prompt: int | None = None) -> None:
+        """Compile every program now: insert for each prompt bucket up to ``longest_prompt``
+        (default: all), decode for each (mode, bucket) of the policy. Nothing changes: the
+        warm insert has no pages (its row is done at once) and the decode calls run on free
+        slots (no iteration). Call it between streams, not during one."""
+        self._ensure_state()
+        top = longest_prompt or self.prompt_buckets[-1]
+        for T in self.prompt_buckets:
+            if T > top and T != self.prompt_buckets[0]:
+                break
+            self._insert(0, _Live(Request([0] * T, 1), 0, [0] * T, pages=[]))
+        with self._on_mesh():
+            for b in self.buckets:
+                rows = jnp.arange(b, dtype=jnp.int32)
+                for mode in {mode_label(m): m for m in self.policy.picks.values()}.values():
+                    self.state = self.programs.decode(self.target.serving_params,
+                                                      self._dparams, self.state, rows,
+                                                      spec=mode)
+        jax.block_until_ready(self.state)
 
     def stream(self, requests: Iterable) -> Iterator[Delta]:
         """Serve ``requests`` (:class:`Request` s, or prompts), yielding :class:`Delta` s as
@@ -272,8 +310,9 @@ class Engine:
             rows = np.asarray(live + free[:bucket - len(live)], np.int32)
             mode = self.policy[bucket]
             self.chunk_log.append((len(live), bucket, mode_label(mode)))
-            self.state = self.programs.decode(params, self._dparams, self.state,
-                                              jnp.asarray(rows), spec=mode)
+            with self._on_mesh():
+                self.state = self.programs.decode(params, self._dparams, self.state,
+                                                  jnp.asarray(rows), spec=mode)
             core = self.state.core
             done, n, reason, iters, hist, toks = jax.device_get(
                 (core.done, core.num_generated, core.stop_reason, core.iterations,

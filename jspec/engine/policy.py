@@ -108,8 +108,9 @@ def measure(target, drafter, prompts: Sequence, candidates: Sequence, *, slots: 
     from jspec.sampling import SamplingConfig
 
     sampling = sampling or SamplingConfig()
-    engines = {mode_label(m): Engine(target, None if m == PLAIN else drafter, slots=slots,
-                                     spec=None if m == PLAIN else m, sampling=sampling,
+    # Plain decoding as the engine runs it with this drafter loaded (its state kept current).
+    engines = {mode_label(m): Engine(target, drafter, slots=slots, sampling=sampling,
+                                     policy=cls_all(m, slots),
                                      max_new_tokens=max(new_tokens, max_new_cap or 0),
                                      **engine_kw)
                for m in candidates}
@@ -129,6 +130,11 @@ def measure(target, drafter, prompts: Sequence, candidates: Sequence, *, slots: 
                     best[k] = min(best[k], dt)
         out[b] = {k: toks[k] / best[k] for k in engines}
     return out
+
+
+def cls_all(mode, slots: int) -> Policy:
+    """One mode at every bucket."""
+    return Policy({b: mode for b in buckets_for(slots)})
 
 
 def pick(rates: dict, candidates: Sequence) -> Policy:

@@ -156,3 +156,41 @@ def test_bad_requests_are_refused_by_name(stories):
     oracle = jspec.drafters.make_drafter("oracle", target.config, None, future=np.zeros((1, 8)))
     with pytest.raises(ValueError, match="one row per batch row"):
         Engine(target, oracle)
+
+
+def test_drafter_stays_current_through_plain_chunks(stories):
+    """Plain chunks buffer the (feature, token) pairs and extend the drafter once at the
+    chunk's end: speculation afterwards accepts as much as it does without the plain chunks
+    (a stale drafter state would accept about nothing)."""
+    from pathlib import Path
+
+    import jax.numpy as jnp
+
+    from jspec.drafters import load_drafter
+    from jspec.engine.engine import _Live
+
+    target, prompts = stories
+    head = Path(__file__).resolve().parents[2] / "checkpoints" / "stories260K-eagle3"
+    drafter = load_drafter(head, target.config)
+    accept = {}
+    for plain_chunks in (0, 2):
+        hists = []
+        for p in prompts[:4]:
+            eng = Engine(target, drafter, slots=1, spec=SpecConfig.chain(3), max_new_tokens=80,
+                         chunk=4, longest_prompt=16)
+            eng._ensure_state()
+            eng._insert(0, _Live(Request(p, 80, stop_ids=[]), 0, p,
+                                 eng.pages.take(len(p) + 80 + eng.overshoot)))
+            rows = jnp.zeros((1,), jnp.int32)
+            for _ in range(plain_chunks):
+                eng.state = eng.programs.decode(target.serving_params, eng._dparams, eng.state,
+                                                rows, spec=PLAIN)
+            before = np.asarray(eng.state.core.accept_hist[0])
+            for _ in range(4):
+                eng.state = eng.programs.decode(target.serving_params, eng._dparams, eng.state,
+                                                rows, spec=eng.policy[1])
+            hists.append(np.asarray(eng.state.core.accept_hist[0]) - before)
+        h = np.sum(hists, 0)
+        accept[plain_chunks] = (h * np.arange(len(h))).sum() / h.sum()
+    assert accept[0] > 2.0, accept
+    assert accept[2] > 0.9 * accept[0], accept
