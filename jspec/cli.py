@@ -11,20 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-
-def _ids(s: str) -> list[int]:
-    try:
-        return [int(x) for x in s.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {s!r}")
-
-
-def add_kernels_arg(p: argparse.ArgumentParser) -> None:
-    from jspec.kernels import MODES
-    p.add_argument("--kernels", choices=MODES, default="auto",
-                   help="attention / verify-walk implementation (default auto: the Pallas "
-                        "kernels on TPU/GPU, falling back to the reference with a logged "
-                        "warning; the reference on CPU)")
+from jspec.args import _ids, add_kernels_arg, load_drafter_arg  # noqa: F401 (re-exported)
 
 
 def add_generate_args(p: argparse.ArgumentParser) -> None:
@@ -70,23 +57,6 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     mh.add_argument("--process-id", type=int)
     mh.add_argument("--output", metavar="FILE", help="write every row's tokens as JSON (in a "
                     "multi-host run, process 0 writes all processes' rows)")
-
-
-def load_drafter_arg(spec: str, target):
-    """A checkpoint directory, ``random:KIND[:DRAFT_VOCAB]`` for random weights, or
-    ``KIND[:ARGS]`` for a kind made from arguments (``ngram[:MIN_N:MAX_N]`` prompt lookup,
-    ``model:PATH`` an independent draft model; see each kind's registry entry)."""
-    from jspec import drafters
-
-    name, _, rest = spec.partition(":")
-    entry = drafters.registry.KINDS.get(name)
-    if entry is not None and entry.from_arg is not None:
-        return drafters.Drafter(*entry.from_arg(rest, target))
-    if spec.startswith("random:"):
-        kind, *vd = spec.split(":")[1:]
-        kw = {"vocab_size": int(vd[0])} if vd else {}
-        return drafters.random_drafter(kind, target.config, **kw)
-    return drafters.load_drafter(spec, target.config)
 
 
 def spec_from_args(args, drafter):
@@ -354,7 +324,7 @@ def run_tune_occupancy(args, target, drafter) -> int:
     """``tune --occupancy``: tokens/s of each candidate mode at each bucket, the pick."""
     from jspec import tune_store
     from jspec.bench.plain import make_prompts
-    from jspec.engine import policy
+    from jspec.engine import policy, tuning
 
     if args.prompts and args.prompts.endswith(".json"):
         data = json.loads(Path(args.prompts).read_text())      # a list, or {"train": [...]}
@@ -364,7 +334,7 @@ def run_tune_occupancy(args, target, drafter) -> int:
     else:
         prompts = [list(map(int, p)) for p in make_prompts(target.config, args.slots, 32)]
     cands = [policy.parse_mode(c) for c in args.candidates]
-    rates = policy.measure(target, drafter, prompts, cands, slots=args.slots,
+    rates = tuning.measure(target, drafter, prompts, cands, slots=args.slots,
                            new_tokens=args.new_tokens, repeats=args.repeats,
                            max_new_cap=args.max_new_cap, longest_prompt=max(len(target.tokenizer.encode(p)) if isinstance(p, str)
                                               else len(p) for p in prompts))

@@ -20,7 +20,8 @@ import jax
 import numpy as np
 
 from jspec.drafters.health import warn_if_collapsed
-from jspec.plan import KVConfig, plan
+from jspec.engine import Engine, Request, default_slots
+from jspec.plan import KVConfig, plan, prompt_ids, row_limits
 from jspec.sampling import SamplingConfig
 from jspec.spec_config import SpecConfig
 from jspec.target import Target
@@ -143,7 +144,6 @@ def finish(target: Target, tokens, stats, wall: float, prof=None, drafter=None
 
 
 def _through_engine(prompts, slots, **batch_knobs) -> bool:
-    from jspec.engine import default_slots
     if isinstance(prompts, str) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
         return False
     if prompts and isinstance(prompts[0], (int, np.integer)):
@@ -157,9 +157,6 @@ def _through_engine(prompts, slots, **batch_knobs) -> bool:
 
 def _engine_generate(target, prompts, *, slots, max_new_tokens, sampling, key, stop_ids,
                      page_size, prompt_bucket, drafter, spec, kernels) -> GenerationResult:
-    from jspec.engine import Engine, Request
-    from jspec.plan import prompt_ids, row_limits
-
     ids, _ = prompt_ids(target, prompts)
     B = len(ids)
     limits = row_limits(max_new_tokens, B)

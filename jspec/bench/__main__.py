@@ -1,4 +1,4 @@
-"""``python -m jspec.bench {plain,forward,spec,serve,anatomy,plan,load,long-run,aot-kernels} ...``
+"""``python -m jspec.bench {plain,forward,spec,serve,serve-plan,anatomy,plan,load,long-run,aot-kernels} ...``
 (see :mod:`jspec.bench`)."""
 
 from __future__ import annotations
@@ -132,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     from jspec.bench.serve import add_args as serve_args
     serve_args(sub.add_parser("serve", help="a skewed stream of requests: generate in batches vs "
                                             "the engine (plain, fixed spec, pick per occupancy)"))
+    from jspec.bench.serve_plan import add_args as serve_plan_args
+    serve_plan_args(sub.add_parser("serve-plan", help="the engine's programs compiled for TPU "
+                                                      "chips or an H200 without them: memory "
+                                                      "per chip"))
     long_run_args(sub.add_parser("long-run", help="a ~16k-token generation and 200 consecutive "
                                                   "calls: RSS, compile counts, wall time"))
     return p
@@ -201,6 +205,9 @@ def main(argv=None):
     if args.bench == "long-run":
         from jspec.bench import long_run
         return long_run.main(args)
+    if args.bench == "serve-plan":
+        from jspec.bench import serve_plan
+        return serve_plan.main(args)
     if args.bench == "serve":
         from jspec.bench import serve
         return serve.main(args)

@@ -7,8 +7,8 @@ row costs more at a large batch, where the step is no longer bound by reading th
 while the accept length stays the same (vLLM #26504 saw acceptance flat from batch 1 to 32
 while the right choice flipped). So the choice is made from throughput measured on this
 machine, per bucket: :func:`measure` times each candidate (plain decoding among them) in
-the engine's own decode program with every row of the bucket live, and :class:`Policy`
-keeps the fastest. ``python -m jspec tune --occupancy`` stores it beside the drafter
+the engine's own decode program with every row of the bucket live (:func:`jspec.engine.
+tuning.measure`), and :class:`Policy` keeps the fastest (:func:`pick`). ``python -m jspec tune --occupancy`` stores it beside the drafter
 (``jspec_tuning.json``, one entry per device kind and bucket) for ``Engine(policy="auto")``.
 
 Switching never changes output: the engine samples by position keys
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from typing import Sequence
 
 from jspec.engine.programs import PLAIN
@@ -95,44 +94,7 @@ class Policy:
         return cls(picks)
 
 
-def measure(target, drafter, prompts: Sequence, candidates: Sequence, *, slots: int,
-            new_tokens: int = 64, repeats: int = 2, sampling=None, max_new_cap: int | None = None,
-            **engine_kw) -> dict:
-    """Tokens/s of each candidate mode at each bucket, with every row of the bucket live:
-    ``{bucket: {label: tokens/s}}``. Each (bucket, candidate) runs the engine on
-    ``bucket`` prompts of ``prompts`` (cycled) for ``new_tokens`` each, once to compile, then
-    ``repeats`` times round-robin over the candidates (so slow drift hits them alike); the
-    best time counts. ``max_new_cap``: the engines' ``max_new_tokens`` (it sizes each row's
-    KV, which the reference attention reads whole), as the engine being tuned has it."""
-    from jspec.engine.engine import Engine, Request
-    from jspec.sampling import SamplingConfig
-
-    sampling = sampling or SamplingConfig()
-    # Plain decoding as the engine runs it with this drafter loaded (its state kept current).
-    engines = {mode_label(m): Engine(target, drafter, slots=slots, sampling=sampling,
-                                     policy=cls_all(m, slots),
-                                     max_new_tokens=max(new_tokens, max_new_cap or 0),
-                                     **engine_kw)
-               for m in candidates}
-    out = {}
-    for b in buckets_for(slots):
-        # No stop ids: every row runs its new_tokens, so all b rows stay live (bucket b).
-        reqs = [Request(prompts[i % len(prompts)], new_tokens, stop_ids=[]) for i in range(b)]
-        best = {k: float("inf") for k in engines}
-        toks = {}
-        for rep in range(repeats + 1):
-            for k, eng in engines.items():
-                t = time.perf_counter()
-                res = eng.generate(reqs)
-                dt = time.perf_counter() - t
-                toks[k] = sum(len(c.tokens) for c in res)
-                if rep:
-                    best[k] = min(best[k], dt)
-        out[b] = {k: toks[k] / best[k] for k in engines}
-    return out
-
-
-def cls_all(mode, slots: int) -> Policy:
+def uniform(mode, slots: int) -> Policy:
     """One mode at every bucket."""
     return Policy({b: mode for b in buckets_for(slots)})
 

@@ -49,7 +49,7 @@ OUTPUT_KEYS = ("id", "line", "text", "token_ids", "new_tokens", "mean_accept_len
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from jspec.cli import add_kernels_arg
+    from jspec.args import add_kernels_arg
     p.add_argument("--model", required=True)
     p.add_argument("--drafter", help="as for generate (a checkpoint, random:KIND, ngram)")
     p.add_argument("--input", required=True, help="requests, JSON lines")
@@ -201,7 +201,7 @@ def run(args) -> int:
     import jax
 
     import jspec
-    from jspec.cli import load_drafter_arg
+    from jspec.args import load_drafter_arg
     from jspec.spec_config import parse_spec
 
     rank, world = (jax.process_index(), jax.process_count()) if multi else (0, 1)
