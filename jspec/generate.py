@@ -88,17 +88,23 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     kernels, an error where they cannot run) or ``"pallas_interpret"`` (the kernels in
     interpret mode, any backend); see :mod:`jspec.kernels`.
 
-    ``slots``: with more prompts than this (default :func:`jspec.engine.default_slots`: 8 on
-    CPU, 64 on accelerators), the prompts run through a :class:`jspec.engine.Engine` of that
-    many slots, refilled as rows finish, instead of one batch of every prompt; results come
-    back in input order. That path is taken when the batch's own knobs are at their
-    defaults (no ``mesh``, ``max_len``, ``num_pages``, partial admission, ``profile`` or
-    ``forced_accept``), and it samples by position keys: greedy output is the same either
-    way, a sampled row has the same distribution (plain decoding: the same tokens).
+    ``slots``: with more prompts than this, the prompts run through a
+    :class:`jspec.engine.Engine` of that many slots, refilled as rows finish, instead of one
+    batch of every prompt; results come back in input order. Without it, they do when one
+    batch's KV pools would pass a memory budget (1 GiB on CPU, a quarter of an accelerator's
+    memory; then :func:`jspec.engine.default_slots` slots: 8 on CPU, 64 on accelerators).
+    That path is taken when the batch's own knobs are at their defaults (no ``mesh``,
+    ``max_len``, ``num_pages``, partial admission, ``profile`` or ``forced_accept``), and it
+    samples by position keys: greedy output is the same either way, a sampled row has the
+    same distribution (plain decoding: the same tokens).
     """
-    if _through_engine(prompts, slots, mesh=mesh, max_len=max_len, num_pages=num_pages,
-                       kv_admission=kv_admission, profile=profile, forced_accept=forced_accept):
-        return _engine_generate(target, prompts, slots=slots, max_new_tokens=max_new_tokens,
+    engine_slots = _through_engine(target, prompts, slots, max_new_tokens, mesh=mesh,
+                                   max_len=max_len, num_pages=num_pages,
+                                   kv_admission=kv_admission, profile=profile,
+                                   forced_accept=forced_accept)
+    if engine_slots:
+        return _engine_generate(target, prompts, slots=engine_slots,
+                                max_new_tokens=max_new_tokens,
                                 sampling=SamplingConfig(temperature, top_k, top_p),
                                 key=jax.random.key(seed) if key is None else key,
                                 stop_ids=stop_ids, page_size=page_size,
@@ -143,16 +149,40 @@ def finish(target: Target, tokens, stats, wall: float, prof=None, drafter=None
                             tokens_per_s=total / wall if wall > 0 else 0.0, profile=prof)
 
 
-def _through_engine(prompts, slots, **batch_knobs) -> bool:
+# A static batch whose KV pools would pass this is served by the engine instead (CPU; on an
+# accelerator, a quarter of the device's memory when it reports it).
+STATIC_KV_BUDGET = 1 << 30
+
+
+def static_kv_budget() -> int:
+    stats = getattr(jax.devices()[0], "memory_stats", lambda: None)() or {}
+    limit = stats.get("bytes_limit")
+    return int(limit) // 4 if limit and jax.default_backend() != "cpu" else STATIC_KV_BUDGET
+
+
+def _through_engine(target, prompts, slots, max_new_tokens, **batch_knobs) -> int | None:
+    """The engine's slot count when these prompts go through it, else None: with ``slots``,
+    when there are more prompts than slots; without, when one static batch's KV pools would
+    pass :func:`static_kv_budget` (then :func:`jspec.engine.default_slots` slots). Only with
+    the batch knobs at their defaults (no mesh, max_len, num_pages, partial admission,
+    profile or forced_accept)."""
     if isinstance(prompts, str) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
-        return False
-    if prompts and isinstance(prompts[0], (int, np.integer)):
-        return False
+        return None
+    if len(prompts) and isinstance(prompts[0], (int, np.integer)):
+        return None
     defaults = dict(mesh=None, max_len=None, num_pages=None, kv_admission="reserve",
                     profile=False, forced_accept=0.0)
     if any(batch_knobs[k] != v for k, v in defaults.items()):
-        return False
-    return len(prompts) > (default_slots() if slots is None else slots)
+        return None
+    B = len(prompts)
+    if slots is not None:
+        return slots if B > slots else None
+    c = target.config
+    longest = max(len(p) for p in prompts)       # characters for text: an upper bound
+    per_row = (longest + int(np.max(max_new_tokens)) + 64) * 2 * c.num_layers * \
+        c.num_kv_heads * c.head_dim * np.dtype(c.dtype).itemsize
+    return default_slots() if B > default_slots() and B * per_row > static_kv_budget() \
+        else None
 
 
 def _engine_generate(target, prompts, *, slots, max_new_tokens, sampling, key, stop_ids,

@@ -35,6 +35,8 @@ def add_args(s) -> None:
     s.add_argument("--spec", default="default", help="the fixed mode: default or S,K,N[/cal]")
     s.add_argument("--chunk", type=int, default=8)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--order", choices=["longest", "arrival"], default="longest",
+                   help="the engine's admission order (default: longest first)")
     s.add_argument("--skip-today", action="store_true", help="engine rows only")
     s.add_argument("--sweep", type=int, nargs="*", default=None, metavar="B",
                    help="also: tokens/s with B full slots (e.g. 1 4 8 16 32)")
@@ -73,13 +75,23 @@ def today(target, drafter, spec, work, B) -> dict:
     return tokens, wall, lat, lat
 
 
-def engine(target, drafter, work, B, chunk, **kw):
+def fresh():
+    """Drop compiled programs between methods: one process holding every program of every
+    method ran out of executable memory (LLVM) after today's way's per-batch programs."""
+    import gc
+
+    import jax
+    jax.clear_caches()
+    gc.collect()
+
+
+def engine(target, drafter, work, B, chunk, order="longest", **kw):
     longest = max(len(target.tokenizer.encode(p)) for p, _ in work)
     eng = Engine(target, drafter, slots=B, max_new_tokens=max(m for _, m in work), chunk=chunk,
                  longest_prompt=longest, **kw)
     eng.warm(longest)
     t0 = time.perf_counter()
-    done = eng.generate([Request(p, m) for p, m in work])
+    done = eng.generate([Request(p, m) for p, m in work], order=order)
     wall = time.perf_counter() - t0
     return (sum(len(c.tokens) for c in done), wall, [c.stats["latency_s"] for c in done],
             [c.stats["first_token_s"] or c.stats["latency_s"] for c in done], eng)
@@ -132,6 +144,7 @@ def main(args) -> dict:
     rows = []
 
     def add(name, out):
+        fresh()
         rows.append(_summary(name, *out[:4]))
         print(f"  {name}: {rows[-1]['tok_s']:.1f} tok/s", flush=True)
 
@@ -141,10 +154,10 @@ def main(args) -> dict:
         add("today: generate in batches, plain", today(target, None, None, work, B))
         add(f"today: generate in batches, {drafter.kind} {args.spec}",
             today(target, drafter, fixed, work, B))
-    add("engine, plain", engine(target, None, work, B, args.chunk))
+    add("engine, plain", engine(target, None, work, B, args.chunk, args.order))
     add(f"engine, {drafter.kind} {args.spec}", engine(target, drafter, work, B, args.chunk,
-                                                       spec=fixed))
-    out = engine(target, drafter, work, B, args.chunk, policy="auto")
+                                                       args.order, spec=fixed))
+    out = engine(target, drafter, work, B, args.chunk, args.order, policy="auto")
     add(f"engine, {drafter.kind} pick per occupancy", out)
     print(f"  pick: {out[4].policy.describe()}")
     print()

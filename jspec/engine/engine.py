@@ -115,8 +115,10 @@ class Engine:
     --occupancy`` stored beside the drafter, or None: ``spec`` (default: the drafter's) at
     every occupancy). ``sampling``: one :class:`SamplingConfig` for every request (its
     settings are static in the compiled programs). ``max_new_tokens``: the default and the
-    most any request may ask for. ``max_len``: KV slots per row (default: the model's
-    ``max_position_embeddings``); ``num_pages``: the page budget (default: every slot can hold
+    most any request may ask for. ``max_len``: KV slots per row (default: room for a prompt
+    of ``longest_prompt`` tokens, else of ``min(max_position_embeddings, 4096)``, plus
+    ``max_new_tokens`` and the speculative overshoot; the reference attention on CPU reads a
+    row's whole allocation, so size it to the work); ``num_pages``: the page budget (default: every slot can hold
     a ``max_len`` row; with fewer, requests wait for pages). ``chunk``: iterations per
     decode call, between which rows are refilled and output is streamed. ``mesh``: a
     ``(1, model)`` mesh (:func:`jspec.sharding.make_mesh`) for tensor parallelism within a
@@ -143,33 +145,7 @@ class Engine:
         self.target, self.slots, self.sampling, self.chunk = target, B, sampling, chunk
         self.max_new_tokens = int(max_new_tokens)
         self.buckets = buckets_for(B)
-        if drafter is not None and getattr(drafter.module, "per_row_params", False):
-            raise ValueError(f"a {drafter.kind} drafter's parameters have one row per batch "
-                             f"row; it serves generate's static batches, not engine slots")
-        if drafter is None:
-            if policy is not None or spec is not None:
-                raise ValueError("spec and policy choose how a drafter speculates; no drafter "
-                                 "was given")
-            self.policy = Policy({b: PLAIN for b in self.buckets})
-        elif isinstance(policy, str):
-            if policy != "auto":
-                raise ValueError(f"policy={policy!r}: pass a Policy, 'auto' or None")
-            self.policy = Policy.stored(drafter, self.buckets)
-        else:
-            self.policy = policy if policy is not None else \
-                Policy({b: spec for b in self.buckets})
-        self.policy.check_buckets(self.buckets)
-        S = N = 0
-        overshoot = 1
-        resolved = {}
-        for s in self.policy.specs():
-            d = resolve_drafting(target, drafter, s, B)
-            resolved[s] = d.spec
-            S, N = max(S, d.S), max(N, d.N)
-            overshoot = max(overshoot, d.overshoot)
-        # None (the drafter's default) becomes the spec it stands for.
-        self.policy = Policy({b: m if m == PLAIN else resolved[m]
-                              for b, m in self.policy.picks.items()})
+        self.policy, S, N, overshoot = self._resolve_policy(target, drafter, policy, spec)
         self.overshoot = overshoot
         if max_len is None:
             top = longest_prompt or min(target.config.max_position_embeddings, DEFAULT_MAX_LEN)
@@ -197,6 +173,35 @@ class Engine:
         self._dparams = None if drafter is None else self.drafter.params
         self.state = None
         self.chunk_log: list[tuple[int, int, str]] = []   # (live, bucket, mode) per decode call
+
+    def _resolve_policy(self, target, drafter, policy, spec):
+        """``(policy with every spec resolved, deepest S, most nodes N, overshoot)``."""
+        B = self.slots
+        if drafter is not None and getattr(drafter.module, "per_row_params", False):
+            raise ValueError(f"a {drafter.kind} drafter's parameters have one row per batch "
+                             f"row; it serves generate's static batches, not engine slots")
+        if drafter is None:
+            if policy is not None or spec is not None:
+                raise ValueError("spec and policy choose how a drafter speculates; no drafter "
+                                 "was given")
+            policy = Policy({b: PLAIN for b in self.buckets})
+        elif isinstance(policy, str):
+            if policy != "auto":
+                raise ValueError(f"policy={policy!r}: pass a Policy, 'auto' or None")
+            policy = Policy.stored(drafter, self.buckets)
+        elif policy is None:
+            policy = Policy({b: spec for b in self.buckets})
+        policy.check_buckets(self.buckets)
+        S = N = 0
+        overshoot, resolved = 1, {}
+        for s in policy.specs():
+            d = resolve_drafting(target, drafter, s, B)
+            resolved[s] = d.spec
+            S, N = max(S, d.S), max(N, d.N)
+            overshoot = max(overshoot, d.overshoot)
+        # None (the drafter's default) becomes the spec it stands for.
+        policy = Policy({b: m if m == PLAIN else resolved[m] for b, m in policy.picks.items()})
+        return policy, S, N, overshoot
 
     # ------------------------------------------------------------------ requests
     def _request(self, r, index: int) -> tuple[Request, list[int]]:
@@ -277,69 +282,88 @@ class Engine:
                                                       spec=mode)
         jax.block_until_ready(self.state)
 
-    def stream(self, requests: Iterable) -> Iterator[Delta]:
+    def stream(self, requests: Iterable, order: str = "arrival") -> Iterator[Delta]:
         """Serve ``requests`` (:class:`Request` s, or prompts), yielding :class:`Delta` s as
         tokens are accepted; each request's last delta carries its :class:`Completion`.
-        Requests are checked as they are admitted: a bad one raises ``ValueError`` naming it
-        (check them first with :meth:`check` to skip instead)."""
+        ``order``: ``"arrival"`` admits requests as given (requests are then checked as they
+        are admitted: a bad one raises ``ValueError`` naming it; :meth:`check` them first to
+        skip instead); ``"longest"`` admits the longest (prompt + ``max_new_tokens``) first,
+        which for a whole dataset leaves short requests for the end, where few slots are
+        live (longest-processing-time-first scheduling), and checks every request up front."""
         self._ensure_state()
-        pending = deque((i, r) for i, r in enumerate(requests))
+        pending = deque(enumerate(requests))
+        if order == "longest":
+            size = {i: len(ids) + req.max_new_tokens
+                    for i, (req, ids) in ((i, self._request(r, i)) for i, r in pending)}
+            pending = deque(sorted(pending, key=lambda p: -size[p[0]]))
+        elif order != "arrival":
+            raise ValueError(f"order={order!r}: 'arrival' or 'longest'")
         slots: list[_Live | None] = [None] * self.slots
         t0 = time.perf_counter()
-        params = self.target.serving_params
         while pending or any(slots):
-            for slot in range(self.slots):
-                if slots[slot] is not None or not pending:
-                    continue
-                index, raw = pending[0]
-                req, ids = self._request(raw, index)
-                need = len(ids) + req.max_new_tokens + self.overshoot
-                pages = self.pages.take(need)
-                if pages is None:
-                    if not any(slots):
-                        raise kvc.KVCacheExhaustedError(
-                            f"request {req.id} needs {self.pages.needed(need)} pages and the "
-                            f"whole budget is {self.pages.num_pages}")
-                    break                       # wait for a finished row's pages
-                pending.popleft()
-                slots[slot] = _Live(req, index, ids, pages)
-                self._insert(slot, slots[slot])
+            self._admit(pending, slots)
             live = [s for s in range(self.slots) if slots[s] is not None]
-            bucket = next(b for b in self.buckets if b >= len(live))
-            free = [s for s in range(self.slots) if slots[s] is None]
-            rows = np.asarray(live + free[:bucket - len(live)], np.int32)
-            mode = self.policy[bucket]
-            self.chunk_log.append((len(live), bucket, mode_label(mode)))
-            with self._on_mesh():
-                self.state = self.programs.decode(params, self._dparams, self.state,
-                                                  jnp.asarray(rows), spec=mode)
-            core = self.state.core
-            done, n, reason, iters, hist, toks = jax.device_get(
-                (core.done, core.num_generated, core.stop_reason, core.iterations,
-                 core.accept_hist, core.tokens))
-            now = time.perf_counter() - t0
-            for s in live:
-                lv = slots[s]
-                m = int(n[s])
-                new = toks[s, lv.sent:m].tolist()
-                if new and lv.first_s is None:
-                    lv.first_s = now
-                text = self._text(lv, toks[s, :m])
-                lv.sent = m
-                if not done[s]:
-                    if new:
-                        yield Delta(lv.req.id, lv.index, new, text)
-                    continue
-                stats = row_stats(len(lv.ids), m, int(iters[s]), int(reason[s]),
-                                  hist[s] if self.drafter is not None else None)
-                stats.update(latency_s=now, first_token_s=lv.first_s)
-                out = toks[s, :m].tolist()
-                full = None if self.target.tokenizer is None else \
-                    self.target.tokenizer.decode(out)
-                comp = Completion(lv.req.id, lv.index, lv.ids, out, full, stats)
-                self.pages.give_back(lv.pages)
-                slots[s] = None
-                yield Delta(lv.req.id, lv.index, new, text, done=True, completion=comp)
+            self._decode(live, slots)
+            yield from self._deltas(live, slots, time.perf_counter() - t0)
+
+    def _admit(self, pending: deque, slots: list) -> None:
+        """Fill free slots from the front of ``pending`` while the pages last (in order: a
+        request that does not fit yet waits, and so do the ones behind it)."""
+        for slot in range(self.slots):
+            if slots[slot] is not None or not pending:
+                continue
+            index, raw = pending[0]
+            req, ids = self._request(raw, index)
+            need = len(ids) + req.max_new_tokens + self.overshoot
+            pages = self.pages.take(need)
+            if pages is None:
+                if not any(slots):
+                    raise kvc.KVCacheExhaustedError(
+                        f"request {req.id} needs {self.pages.needed(need)} pages and the whole "
+                        f"budget is {self.pages.num_pages}")
+                return                          # wait for a finished row's pages
+            pending.popleft()
+            slots[slot] = _Live(req, index, ids, pages)
+            self._insert(slot, slots[slot])
+
+    def _decode(self, live: list[int], slots: list) -> None:
+        """One chunk for the live slots, padded with free ones to their bucket."""
+        bucket = next(b for b in self.buckets if b >= len(live))
+        free = [s for s in range(self.slots) if slots[s] is None]
+        rows = np.asarray(live + free[:bucket - len(live)], np.int32)
+        mode = self.policy[bucket]
+        self.chunk_log.append((len(live), bucket, mode_label(mode)))
+        with self._on_mesh():
+            self.state = self.programs.decode(self.target.serving_params, self._dparams,
+                                              self.state, jnp.asarray(rows), spec=mode)
+
+    def _deltas(self, live: list[int], slots: list, now: float) -> Iterator[Delta]:
+        """What the chunk added to each live slot; finished rows complete and free their slot."""
+        core = self.state.core
+        done, n, reason, iters, hist, toks = jax.device_get(
+            (core.done, core.num_generated, core.stop_reason, core.iterations, core.accept_hist,
+             core.tokens))
+        for s in live:
+            lv = slots[s]
+            m = int(n[s])
+            new = toks[s, lv.sent:m].tolist()
+            if new and lv.first_s is None:
+                lv.first_s = now
+            text = self._text(lv, toks[s, :m])
+            lv.sent = m
+            if not done[s]:
+                if new:
+                    yield Delta(lv.req.id, lv.index, new, text)
+                continue
+            stats = row_stats(len(lv.ids), m, int(iters[s]), int(reason[s]),
+                              hist[s] if self.drafter is not None else None)
+            stats.update(latency_s=now, first_token_s=lv.first_s)
+            out = toks[s, :m].tolist()
+            full = None if self.target.tokenizer is None else self.target.tokenizer.decode(out)
+            self.pages.give_back(lv.pages)
+            slots[s] = None
+            yield Delta(lv.req.id, lv.index, new, text, done=True,
+                        completion=Completion(lv.req.id, lv.index, lv.ids, out, full, stats))
 
     def _text(self, lv: _Live, toks) -> str | None:
         tok = self.target.tokenizer
@@ -355,10 +379,11 @@ class Engine:
         delta, lv.text = stable[len(lv.text):], stable
         return delta
 
-    def generate(self, requests: Iterable) -> list[Completion]:
-        """Serve every request; completions in input order."""
+    def generate(self, requests: Iterable, order: str = "longest") -> list[Completion]:
+        """Serve every request (longest first by default, see :meth:`stream`); completions
+        in input order."""
         out = {}
-        for d in self.stream(requests):
+        for d in self.stream(requests, order=order):
             if d.done:
                 out[d.index] = d.completion
         return [out[i] for i in sorted(out)]

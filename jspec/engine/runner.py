@@ -20,7 +20,8 @@ run equals an uninterrupted one. SIGTERM or SIGINT (a preempted VM) finishes the
 flight, flushes what has finished and exits 0; requests still in flight are redone on rerun.
 
 Sampling settings are static in the compiled programs, so records are served in groups of
-equal (temperature, top_k, top_p), one engine each, in order of first appearance.
+equal (temperature, top_k, top_p), one engine each, in order of first appearance; within a
+group, the longest requests first (:meth:`jspec.engine.Engine.stream`, ``order="longest"``).
 
 Pods (``--distributed``): every process runs the same command; process ``i`` of ``n`` serves
 the records on lines ``i, i + n, ...`` with its own engine on its own devices and writes its
@@ -279,9 +280,9 @@ def _serve(target, drafter, spec, records, args, write, stop) -> int:
                          longest_prompt=max(len(r.ids) for r in group), chunk=args.chunk,
                          kernels=args.kernels)
             by_index = {i: r for i, r in enumerate(group)}
-            reqs = (Request(r.ids, r.max_new, seed=r.seed, stop_ids=r.stop, id=r.id)
-                    for r in group)
-            for d in eng.stream(reqs):
+            reqs = [Request(r.ids, r.max_new, seed=r.seed, stop_ids=r.stop, id=r.id)
+                    for r in group]
+            for d in eng.stream(reqs, order="longest"):
                 if d.done:
                     c, r = d.completion, by_index[d.index]
                     s = c.stats

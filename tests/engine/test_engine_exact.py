@@ -95,11 +95,11 @@ def test_sampling_depends_only_on_the_request(stories):
     switching = Policy({1: SpecConfig(4, 3, 6), 2: PLAIN, 4: SpecConfig.chain(3)})
     eng = Engine(target, drafter, slots=4, policy=switching, sampling=samp, max_new_tokens=32,
                  chunk=2)
-    mixed = eng.generate(requests(prompts, order=[5, 2, 0, 4, 1, 3]))
+    mixed = eng.generate(requests(prompts, order=[5, 2, 0, 4, 1, 3]), order="arrival")
     assert {c.id: c.tokens for c in mixed} == ref
     assert {mode for _, _, mode in eng.chunk_log} >= {PLAIN, "4,3,6"}
     # Different neighbours: half the requests, another order.
-    few = eng.generate(requests(prompts, order=[4, 1, 2]))
+    few = eng.generate(requests(prompts, order=[4, 1, 2]))           # longest first
     assert {c.id: c.tokens for c in few} == {i: ref[i] for i in (1, 2, 4)}
 
 
@@ -194,3 +194,16 @@ def test_drafter_stays_current_through_plain_chunks(stories):
         accept[plain_chunks] = (h * np.arange(len(h))).sum() / h.sum()
     assert accept[0] > 2.0, accept
     assert accept[2] > 0.9 * accept[0], accept
+
+
+def test_generate_with_more_prompts_than_slots_goes_through_the_engine(stories, plain):
+    target, prompts = stories
+    before = decode.TRACE_COUNTS["engine_decode"]
+    res = jspec.generate(target, prompts, max_new_tokens=LIMITS, stop_ids=[], slots=4)
+    assert decode.TRACE_COUNTS["engine_decode"] > before       # it did run the engine
+    assert res.tokens == plain                                 # in input order
+    assert [s["new_tokens"] for s in res.stats] == LIMITS
+    # Sampled plain decoding: row r keeps its key of the static batch, so the same tokens.
+    kw = dict(max_new_tokens=12, stop_ids=[], temperature=1.0, seed=4)
+    assert jspec.generate(target, prompts, slots=4, **kw).tokens == \
+        jspec.generate(target, prompts, **kw).tokens
