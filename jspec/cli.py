@@ -334,10 +334,11 @@ def run_tune_occupancy(args, target, drafter) -> int:
     else:
         prompts = [list(map(int, p)) for p in make_prompts(target.config, args.slots, 32)]
     cands = [policy.parse_mode(c) for c in args.candidates]
+    lengths = [len(target.tokenizer.encode(p)) if isinstance(p, str) else len(p)
+               for p in prompts]
     rates = tuning.measure(target, drafter, prompts, cands, slots=args.slots,
                            new_tokens=args.new_tokens, repeats=args.repeats,
-                           max_new_cap=args.max_new_cap, longest_prompt=max(len(target.tokenizer.encode(p)) if isinstance(p, str)
-                                              else len(p) for p in prompts))
+                           max_new_cap=args.max_new_cap, longest_prompt=max(lengths))
     picked = policy.pick(rates, cands)
     labels = [policy.mode_label(c) for c in cands]
     print("live slots  " + "  ".join(f"{x:>10}" for x in labels) + "   pick")
@@ -349,7 +350,9 @@ def run_tune_occupancy(args, target, drafter) -> int:
             b: policy.mode_label(m) for b, m in picked.picks.items()}}, indent=1))
     if args.store and drafter.source is not None:
         path = tune_store.store_occupancy(
-            rates, {b: policy.mode_label(m) for b, m in picked.picks.items()}, drafter.source)
+            rates, {b: policy.mode_label(m) for b, m in picked.picks.items()}, drafter.source,
+            measured_at={"slots": args.slots,
+                         "max_new_cap": max(args.new_tokens, args.max_new_cap or 0)})
         print(f"stored in {path}", file=sys.stderr)
     return 0
 

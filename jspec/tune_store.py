@@ -85,17 +85,19 @@ def _occupancy_key(device: str, bucket: int) -> str:
 
 
 def store_occupancy(rates: dict, picks: dict, drafter_dir: str | os.PathLike,
-                    device: str | None = None) -> Path:
+                    device: str | None = None, measured_at: dict | None = None) -> Path:
     """Add the engine's per-bucket picks (``{bucket: mode label}``) and the measured rates
     behind them (``{bucket: {label: tokens/s}}``) to ``drafter_dir/jspec_tuning.json``;
-    written whole to a temporary file, then renamed."""
+    written whole to a temporary file, then renamed. ``measured_at``: the engine settings
+    the rates hold for (slots, max_new_cap), kept beside them."""
     path = Path(drafter_dir) / TUNING_FILE
     data = json.loads(path.read_text()) if path.is_file() else {"picks": {}}
     data.setdefault("occupancy", {})
     device = device or device_kind()
     for b, label in picks.items():
         data["occupancy"][_occupancy_key(device, b)] = {
-            "mode": label, "tokens_per_s": rates[b], "jax": jax.__version__,
+            "mode": label, "tokens_per_s": rates[b], **(measured_at or {}),
+            "jax": jax.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
     with os.fdopen(fd, "w") as f:

@@ -118,8 +118,8 @@ class Engine:
     most any request may ask for. ``max_len``: KV slots per row (default: room for a prompt
     of ``longest_prompt`` tokens, else of ``min(max_position_embeddings, 4096)``, plus
     ``max_new_tokens`` and the speculative overshoot; the reference attention on CPU reads a
-    row's whole allocation, so size it to the work); ``num_pages``: the page budget (default: every slot can hold
-    a ``max_len`` row; with fewer, requests wait for pages). ``chunk``: iterations per
+    row's whole allocation, so size it to the work); ``num_pages``: the page budget
+    (default: every slot can hold a ``max_len`` row; with fewer, requests wait for pages). ``chunk``: iterations per
     decode call, between which rows are refilled and output is streamed. ``mesh``: a
     ``(1, model)`` mesh (:func:`jspec.sharding.make_mesh`) for tensor parallelism within a
     host, the target placed on it (``jspec.load_target(path, mesh=mesh)``); data parallelism

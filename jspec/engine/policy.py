@@ -6,10 +6,13 @@ batch costs. Whether speculation pays there is a measured question: a verify of 
 row costs more at a large batch, where the step is no longer bound by reading the weights,
 while the accept length stays the same (vLLM #26504 saw acceptance flat from batch 1 to 32
 while the right choice flipped). So the choice is made from throughput measured on this
-machine, per bucket: :func:`measure` times each candidate (plain decoding among them) in
-the engine's own decode program with every row of the bucket live (:func:`jspec.engine.
-tuning.measure`), and :class:`Policy` keeps the fastest (:func:`pick`). ``python -m jspec tune --occupancy`` stores it beside the drafter
-(``jspec_tuning.json``, one entry per device kind and bucket) for ``Engine(policy="auto")``.
+machine, per bucket: :func:`jspec.engine.tuning.measure` times each candidate (plain
+decoding among them) in the engine's own decode program with every row of the bucket live,
+and :func:`pick` keeps the fastest in a :class:`Policy`. ``python -m jspec tune --occupancy``
+stores it beside the drafter (``jspec_tuning.json``, one entry per device kind and bucket)
+for ``Engine(policy="auto")``. The costs depend on the engine's row length (``max_len``: the
+reference attention reads a row's whole allocation), so tune with the serving cap
+(``--max-new-cap``).
 
 Switching never changes output: the engine samples by position keys
 (:mod:`jspec.engine.programs`), and greedy output is the target's whatever the spec.

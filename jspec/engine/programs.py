@@ -4,7 +4,7 @@
 - :meth:`Programs.insert`: prefill one request into one slot's pages (one program per
   prompt bucket; the slot, its page table, stop ids, limit and key are traced);
 - :meth:`Programs.decode`: up to ``chunk`` iterations for the slots in ``rows`` (one
-  program per (spec, bucket of live slots)); ``spec=None`` is plain decoding.
+  program per (mode, bucket of live slots)); the mode is a spec, or :data:`PLAIN`.
 
 Every program takes the state and gives it back donated, so the pools are updated in
 place. Nothing here depends on which request sits in which slot: a row reads the pools
@@ -28,7 +28,8 @@ from flax import struct
 
 from jspec import kernels as kernel_modes, kv_cache as kvc
 from jspec.config import LlamaConfig
-from jspec.decode import MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, PlainDecoder, emit_block, finite_rows
+from jspec.decode import (MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, PlainDecoder, emit_block,
+                          finite_rows)
 from jspec.engine import rows as R
 from jspec.llama import forward, logits as lm_logits
 from jspec.sampling import SamplingConfig, sample

@@ -144,7 +144,7 @@ def test_bad_requests_are_refused_by_name(stories):
     eng = Engine(target, slots=2, max_new_tokens=16, max_len=64)
     with pytest.raises(ValueError, match="request r1: its prompt has 80 tokens"):
         eng.check(Request([1] * 80, id="r1"))
-    with pytest.raises(ValueError, match="request 7 has token id 99999|prompt 7 has token id 99999"):
+    with pytest.raises(ValueError, match="prompt 7 has token id 99999"):
         eng.check(Request([1, 99999], id=7))
     with pytest.raises(ValueError, match="max_new_tokens=17 outside"):
         eng.check(Request([1, 2], 17))
