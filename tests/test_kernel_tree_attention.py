@@ -31,13 +31,29 @@ from jspec.attention import paged_attention_ref
 from jspec.config import LlamaConfig
 from jspec.tree.build import pack_mask
 from pallas_kernels.tree_attention import check_dynamic, tree_attention, tree_attention_ref, validate
-from pallas_kernels.tree_attention.reference import tree_attention_via_cache
+from pallas_kernels.tree_attention.layout import unpack_words32
 
 ATOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
 GARBAGE = 30.0   # stale slots hold large values: any leak through the mask shows
 
 run = jax.jit(tree_attention, static_argnames=("backend", "interpret"))
 ref_fn = jax.jit(tree_attention_ref)
+
+
+def tree_attention_via_cache(q, k_pages, v_pages, page_table, lengths, mask_bits, layer=None):
+    """The same computation through :func:`jspec.attention.paged_attention_ref` (a cache
+    over the stacked pools, or a one-layer cache); used to check the two references agree."""
+    N = q.shape[1]
+    if k_pages.ndim == 4:
+        k_pages, v_pages, layer = k_pages[None], v_pages[None], 0
+    P, ps = k_pages.shape[2], k_pages.shape[3]
+    pt = jnp.asarray(page_table, jnp.int32)
+    cache = kvc.PagedKVCache(
+        k_pages=k_pages, v_pages=v_pages, page_table=pt,
+        lengths=jnp.asarray(lengths, jnp.int32),
+        capacity=jnp.sum(pt < P, axis=1, dtype=jnp.int32) * ps)
+    return paged_attention_ref(q, cache, layer, block_mask=unpack_words32(mask_bits, N))
+
 
 
 def random_parents(rng, n):

@@ -38,6 +38,7 @@ def add_args(s) -> None:
     s.add_argument("--order", choices=["longest", "arrival"], default="longest",
                    help="the engine's admission order (default: longest first)")
     s.add_argument("--skip-today", action="store_true", help="engine rows only")
+    s.add_argument("--sweep-only", action="store_true", help="only the --sweep table")
     s.add_argument("--sweep", type=int, nargs="*", default=None, metavar="B",
                    help="also: tokens/s with B full slots (e.g. 1 4 8 16 32)")
     s.add_argument("--sweep-new", type=int, default=64)
@@ -110,7 +111,7 @@ def sweep(target, drafter, prompts, slot_counts, new, chunk, fixed, cap) -> list
                    "fixed": Engine(target, drafter, spec=fixed, **kw),
                    "pick": Engine(target, drafter, policy="auto", **kw)}
         for e in engines.values():
-            e.warm(longest)
+            e.warm(longest, buckets=[B])            # every slot full: only bucket B runs
         best = {k: float("inf") for k in engines}
         for rep in range(3):
             for k, e in engines.items():
@@ -119,11 +120,41 @@ def sweep(target, drafter, prompts, slot_counts, new, chunk, fixed, cap) -> list
                 if rep:
                     best[k] = min(best[k], time.perf_counter() - t0)
         rate = {k: B * new / v for k, v in best.items()}
+        pick_mode = mode_label(engines["pick"].policy[B])
+        del engines
+        fresh()
         rows.append({"slots": B, **{f"{k}_tok_s": v for k, v in rate.items()},
-                     "pick_mode": mode_label(engines["pick"].policy[B]),
+                     "pick_mode": pick_mode,
                      "pick_vs_best": rate["pick"] / max(rate["plain"], rate["fixed"]),
                      "fixed_vs_plain": rate["fixed"] / rate["plain"],
                      "pick_vs_plain": rate["pick"] / rate["plain"]})
+    return rows
+
+
+def stream_rows(target, drafter, work, args, fixed) -> list[dict]:
+    """The stream served each way: today's way (unless ``--skip-today``), then the engine."""
+    B, rows = args.slots, []
+
+    def add(name, out):
+        fresh()
+        rows.append(_summary(name, *out[:4]))
+        print(f"  {name}: {rows[-1]['tok_s']:.1f} tok/s", flush=True)
+
+    if not args.skip_today:
+        add("today: generate in batches, plain", today(target, None, None, work, B))
+        add(f"today: generate in batches, {drafter.kind} {args.spec}",
+            today(target, drafter, fixed, work, B))
+    add("engine, plain", engine(target, None, work, B, args.chunk, args.order))
+    add(f"engine, {drafter.kind} {args.spec}", engine(target, drafter, work, B, args.chunk,
+                                                       args.order, spec=fixed))
+    out = engine(target, drafter, work, B, args.chunk, args.order, policy="auto")
+    add(f"engine, {drafter.kind} pick per occupancy", out)
+    print(f"  pick: {out[4].policy.describe()}\n")
+    print(f"{'method':<44} {'tokens':>7} {'tok/s':>8} {'p50 s':>7} {'p99 s':>7} "
+          f"{'TTFT p50':>9} {'TTFT p99':>9}")
+    for r in rows:
+        print(f"{r['method']:<44} {r['tokens']:>7} {r['tok_s']:>8.1f} {r['p50_s']:>7.2f} "
+              f"{r['p99_s']:>7.2f} {r['ttft_p50_s']:>9.2f} {r['ttft_p99_s']:>9.2f}")
     return rows
 
 
@@ -138,35 +169,14 @@ def main(args) -> dict:
     drafter = load_drafter(dpath, target.config)
     ppath = args.prompts or str(model.parent / "drafters" / "heldout_prompts.txt")
     prompts = [x for x in Path(ppath).read_text().splitlines() if x.strip()]
-    work = workload(prompts, args.requests, args.min_new, args.max_new, args.seed)
     fixed = parse_mode(args.spec)
-    B = args.slots
-    rows = []
-
-    def add(name, out):
-        fresh()
-        rows.append(_summary(name, *out[:4]))
-        print(f"  {name}: {rows[-1]['tok_s']:.1f} tok/s", flush=True)
-
-    print(f"{len(work)} requests, max_new_tokens log-uniform in [{args.min_new}, "
-          f"{args.max_new}] ({sum(m for _, m in work)} at most), {B} slots", flush=True)
-    if not args.skip_today:
-        add("today: generate in batches, plain", today(target, None, None, work, B))
-        add(f"today: generate in batches, {drafter.kind} {args.spec}",
-            today(target, drafter, fixed, work, B))
-    add("engine, plain", engine(target, None, work, B, args.chunk, args.order))
-    add(f"engine, {drafter.kind} {args.spec}", engine(target, drafter, work, B, args.chunk,
-                                                       args.order, spec=fixed))
-    out = engine(target, drafter, work, B, args.chunk, args.order, policy="auto")
-    add(f"engine, {drafter.kind} pick per occupancy", out)
-    print(f"  pick: {out[4].policy.describe()}")
-    print()
-    print(f"{'method':<44} {'tokens':>7} {'tok/s':>8} {'p50 s':>7} {'p99 s':>7} "
-          f"{'TTFT p50':>9} {'TTFT p99':>9}")
-    for r in rows:
-        print(f"{r['method']:<44} {r['tokens']:>7} {r['tok_s']:>8.1f} {r['p50_s']:>7.2f} "
-              f"{r['p99_s']:>7.2f} {r['ttft_p50_s']:>9.2f} {r['ttft_p99_s']:>9.2f}")
-    result = {"workload": {"requests": len(work), "slots": B, "seed": args.seed}, "rows": rows}
+    result = {"workload": {"requests": args.requests, "slots": args.slots, "seed": args.seed}}
+    if not args.sweep_only:
+        work = workload(prompts, args.requests, args.min_new, args.max_new, args.seed)
+        print(f"{len(work)} requests, max_new_tokens log-uniform in [{args.min_new}, "
+              f"{args.max_new}] ({sum(m for _, m in work)} at most), {args.slots} slots",
+              flush=True)
+        result["rows"] = stream_rows(target, drafter, work, args, fixed)
     if args.sweep:
         print()
         result["sweep"] = sw = sweep(target, drafter, prompts, args.sweep, args.sweep_new,
@@ -176,7 +186,7 @@ def main(args) -> dict:
         for r in sw:
             print(f"{r['slots']:>5} {r['plain_tok_s']:>8.1f} {r['fixed_tok_s']:>8.1f} "
                   f"{r['pick_tok_s']:>8.1f} {r['pick_mode']:>10} {r['pick_vs_best']:>9.3f} "
-                  f"{r['pick_vs_plain']:>10.2f}")
+                  f"{r['pick_vs_plain']:>10.2f}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return result

@@ -262,9 +262,10 @@ class Engine:
                 jnp.asarray(stops), jnp.asarray([live.req.max_new_tokens], jnp.int32),
                 self._key(live.req))
 
-    def warm(self, longest_prompt: int | None = None) -> None:
+    def warm(self, longest_prompt: int | None = None, buckets=None) -> None:
         """Compile every program now: insert for each prompt bucket up to ``longest_prompt``
-        (default: all), decode for each (mode, bucket) of the policy. Nothing changes: the
+        (default: all), decode for each (mode, bucket) of the policy (``buckets``: only
+        these buckets of live slots). Nothing changes: the
         warm insert has no pages (its row is done at once) and the decode calls run on free
         slots (no iteration). Call it between streams, not during one."""
         self._ensure_state()
@@ -274,7 +275,7 @@ class Engine:
                 break
             self._insert(0, _Live(Request([0] * T, 1), 0, [0] * T, pages=[]))
         with self._on_mesh():
-            for b in self.buckets:
+            for b in self.buckets if buckets is None else buckets:
                 rows = jnp.arange(b, dtype=jnp.int32)
                 for mode in {mode_label(m): m for m in self.policy.picks.values()}.values():
                     self.state = self.programs.decode(self.target.serving_params,

@@ -52,21 +52,3 @@ def tree_attention_ref(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     p = jax.nn.softmax(s, axis=-1)
     o = jnp.einsum("bkgns,bksd->bnkgd", p, v, precision=jax.lax.Precision.HIGHEST)
     return o.reshape(B, N, H, D).astype(q.dtype)
-
-
-def tree_attention_via_cache(q, k_pages, v_pages, page_table, lengths, mask_bits, layer=None):
-    """The same computation through :func:`jspec.attention.paged_attention_ref` (a cache
-    over the stacked pools, or a one-layer cache); used to check the two references agree."""
-    from jspec import kv_cache as kvc
-    from jspec.attention import paged_attention_ref
-
-    N = q.shape[1]
-    if k_pages.ndim == 4:
-        k_pages, v_pages, layer = k_pages[None], v_pages[None], 0
-    P, ps = k_pages.shape[2], k_pages.shape[3]
-    pt = jnp.asarray(page_table, jnp.int32)
-    cache = kvc.PagedKVCache(
-        k_pages=k_pages, v_pages=v_pages, page_table=pt,
-        lengths=jnp.asarray(lengths, jnp.int32),
-        capacity=jnp.sum(pt < P, axis=1, dtype=jnp.int32) * ps)
-    return paged_attention_ref(q, cache, layer, block_mask=unpack_words32(mask_bits, N))
