@@ -143,7 +143,7 @@ def test_generate_resolves_before_building_decoders(monkeypatch, caplog):
     monkeypatch.setattr(kernels, "probe", lambda mode, key: (_ for _ in ()).throw(
         RuntimeError("no Triton here")))
     import sys
-    monkeypatch.setattr(sys.modules["jspec.generate"], "resolve_kernels", spy)
+    monkeypatch.setattr(sys.modules["jspec.plan"], "resolve_kernels", spy)
     cfg = CFG.replace(head_dim=16)
     target = Target(cfg, random_params(cfg))
     with caplog.at_level(logging.WARNING, logger="jspec"):
