@@ -93,12 +93,13 @@ def serve_plan(cfg, kind: str, mesh, *, slots: int, context: int, max_new: int, 
             "context": context, "pages": slots * max_pages, "kernels": kernels}
     rows = {}
     hbm = aot.hbm_bytes(mesh.devices.flat[0])
+    key_dtype = jax.random.key(0).dtype        # made here: under the mesh nothing can run
     with jax.set_mesh(mesh):
         state = jax.eval_shape(lambda p, d: Programs.init(programs, p, d), params, dparams)
         state = _placed(state, _state_shardings(state, cfg, mesh))
         repl = NamedSharding(mesh, P())
         arg = lambda shape, dt=jnp.int32: jax.ShapeDtypeStruct(shape, dt, sharding=repl)
-        key = jax.ShapeDtypeStruct((1,), jax.random.key(0).dtype, sharding=repl)
+        key = jax.ShapeDtypeStruct((1,), key_dtype, sharding=repl)
         jobs = {
             f"decode {info['spec']} x{slots}": lambda: Programs.decode.trace(
                 programs, params, dparams, state, arg((slots,)), spec=spec),
