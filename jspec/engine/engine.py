@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +35,7 @@ import numpy as np
 
 from jspec import kv_cache as kvc
 from jspec.engine.pages import PagePool
+from jspec.engine.requests import Completion, Delta, Request
 from jspec.engine.policy import Policy, buckets_for, mode_label
 from jspec.engine.programs import PLAIN, Programs
 from jspec.kernels import check_mode as check_kernels, resolve as resolve_kernels
@@ -43,47 +44,6 @@ from jspec.sampling import SamplingConfig
 from jspec.target import Target
 
 log = logging.getLogger("jspec")
-
-
-@dataclasses.dataclass
-class Request:
-    """One request. ``prompt``: text (needs a tokenizer) or token ids. ``max_new_tokens``:
-    None for the engine's default. ``key`` or ``seed`` drives its samples: the key is
-    ``jax.random.split(jax.random.key(seed), 1)[0]``, the row key ``generate([prompt],
-    seed=seed)`` uses, so a request samples as that call does (plain decoding); with
-    neither, seed 0. ``stop_ids``: None for the config's EOS ids. ``id``: anything, handed
-    back (default: its position in the stream)."""
-
-    prompt: Any
-    max_new_tokens: int | None = None
-    seed: int | None = None
-    key: jax.Array | None = None
-    stop_ids: Sequence[int] | None = None
-    id: Any = None
-
-
-@dataclasses.dataclass
-class Completion:
-    id: Any
-    index: int                       # position in the submitted stream
-    prompt_ids: list[int]
-    tokens: list[int]                # generated ids (a stop id, when hit, is included)
-    text: str | None
-    stats: dict                      # generate's row stats + latency_s, first_token_s
-
-
-@dataclasses.dataclass
-class Delta:
-    """New output of one request: ``tokens`` accepted since its last delta (``text``: their
-    decoded text, when the target has a tokenizer). The last delta of a request has
-    ``done=True`` and its :class:`Completion`."""
-
-    id: Any
-    index: int
-    tokens: list[int]
-    text: str | None
-    done: bool = False
-    completion: Completion | None = None
 
 
 @dataclasses.dataclass

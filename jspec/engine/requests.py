@@ -1,0 +1,50 @@
+"""What goes into the engine and what comes out: :class:`Request`, :class:`Delta` (streamed
+output) and :class:`Completion`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+
+
+@dataclasses.dataclass
+class Request:
+    """One request. ``prompt``: text (needs a tokenizer) or token ids. ``max_new_tokens``:
+    None for the engine's default. ``key`` or ``seed`` drives its samples: the key is
+    ``jax.random.split(jax.random.key(seed), 1)[0]``, the row key ``generate([prompt],
+    seed=seed)`` uses, so a request samples as that call does (plain decoding); with
+    neither, seed 0. ``stop_ids``: None for the config's EOS ids. ``id``: anything, handed
+    back (default: its position in the stream)."""
+
+    prompt: Any
+    max_new_tokens: int | None = None
+    seed: int | None = None
+    key: jax.Array | None = None
+    stop_ids: Sequence[int] | None = None
+    id: Any = None
+
+
+@dataclasses.dataclass
+class Completion:
+    id: Any
+    index: int                       # position in the submitted stream
+    prompt_ids: list[int]
+    tokens: list[int]                # generated ids (a stop id, when hit, is included)
+    text: str | None
+    stats: dict                      # generate's row stats + latency_s, first_token_s
+
+
+@dataclasses.dataclass
+class Delta:
+    """New output of one request: ``tokens`` accepted since its last delta (``text``: their
+    decoded text, when the target has a tokenizer). The last delta of a request has
+    ``done=True`` and its :class:`Completion`."""
+
+    id: Any
+    index: int
+    tokens: list[int]
+    text: str | None
+    done: bool = False
+    completion: Completion | None = None
