@@ -127,6 +127,21 @@ def device(name: str):
     return topology_devices(t.platform, t.topology, t.name)[0]
 
 
+def with_shardings(tree, shardings):
+    """``tree`` of arrays / ShapeDtypeStructs as ShapeDtypeStructs with ``shardings`` (a tree
+    of the same structure)."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        tree, shardings)
+
+
+def used_bytes(memory) -> int:
+    """Device memory a compiled program holds at its peak, from its ``memory_analysis()``:
+    arguments and outputs (an output aliased to a donated argument counted once) and
+    temporaries."""
+    return (memory.argument_size_in_bytes + memory.output_size_in_bytes
+            - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
+
+
 def placed(tree, dev):
     """``tree`` of arrays / ShapeDtypeStructs as ShapeDtypeStructs on ``dev``."""
     sh = jax.sharding.SingleDeviceSharding(dev)

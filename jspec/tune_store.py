@@ -32,14 +32,27 @@ def _key(device: str, batch: int) -> str:
 def store(result, drafter_dir: str | os.PathLike) -> Path:
     """Add the pick of a :class:`jspec.tune.TuneResult` to ``drafter_dir/jspec_tuning.json`` (other keys kept); written whole to
     a temporary file in the same directory, then renamed over the old one."""
-    path = Path(drafter_dir) / TUNING_FILE
-    data = json.loads(path.read_text()) if path.is_file() else {"picks": {}}
     best = next(r for r in result.rows if r["spec"] == result.pick)
-    data["picks"][_key(result.device, result.batch)] = {
-        "spec": [result.pick.num_steps, result.pick.topk, result.pick.num_draft_tokens],
-        "selection": result.pick.selection,
-        "tokens_per_s": best["tok/s meas"], "plain_tokens_per_s": result.plain_tokens_per_s,
-        "jax": jax.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    entry = {"spec": [result.pick.num_steps, result.pick.topk, result.pick.num_draft_tokens],
+             "selection": result.pick.selection, "tokens_per_s": best["tok/s meas"],
+             "plain_tokens_per_s": result.plain_tokens_per_s}
+    return _update(drafter_dir, "picks", {_key(result.device, result.batch): entry})
+
+
+def _read(drafter_dir) -> dict:
+    """The tuning file's contents beside a drafter ({} when there is none)."""
+    path = None if drafter_dir is None else Path(drafter_dir) / TUNING_FILE
+    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
+
+
+def _update(drafter_dir, section: str, entries: dict) -> Path:
+    """Add ``entries`` (stamped with jax's version and the date) to ``section`` of the tuning
+    file, other keys kept; written whole to a temporary file in the same directory, then
+    renamed over the old one."""
+    path = Path(drafter_dir) / TUNING_FILE
+    data = _read(drafter_dir) or {"picks": {}}
+    stamp = {"jax": jax.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    data.setdefault(section, {}).update({k: {**v, **stamp} for k, v in entries.items()})
     fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=1)
@@ -50,13 +63,8 @@ def store(result, drafter_dir: str | os.PathLike) -> Path:
 def stored_spec(drafter, batch: int, device: str | None = None) -> SpecConfig | None:
     """The stored pick for this drafter (loaded from a directory), device kind and batch;
     None when there is none."""
-    src = getattr(drafter, "source", None)
-    if src is None:
-        return None
-    path = Path(src) / TUNING_FILE
-    if not path.is_file():
-        return None
-    pick = json.loads(path.read_text()).get("picks", {}).get(_key(device or device_kind(), batch))
+    pick = _read(getattr(drafter, "source", None)).get("picks", {}).get(
+        _key(device or device_kind(), batch))
     return None if pick is None else SpecConfig(*pick["spec"], pick.get("selection", "eagle2"))
 
 
@@ -90,29 +98,16 @@ def store_occupancy(rates: dict, picks: dict, drafter_dir: str | os.PathLike,
     behind them (``{bucket: {label: tokens/s}}``) to ``drafter_dir/jspec_tuning.json``;
     written whole to a temporary file, then renamed. ``measured_at``: the engine settings
     the rates hold for (slots, max_new_cap), kept beside them."""
-    path = Path(drafter_dir) / TUNING_FILE
-    data = json.loads(path.read_text()) if path.is_file() else {"picks": {}}
-    data.setdefault("occupancy", {})
     device = device or device_kind()
-    for b, label in picks.items():
-        data["occupancy"][_occupancy_key(device, b)] = {
-            "mode": label, "tokens_per_s": rates[b], **(measured_at or {}),
-            "jax": jax.__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
-    return path
+    return _update(drafter_dir, "occupancy", {
+        _occupancy_key(device, b): {"mode": label, "tokens_per_s": rates[b],
+                                    **(measured_at or {})}
+        for b, label in picks.items()})
 
 
 def stored_mode(drafter, bucket: int, device: str | None = None):
     """The stored engine pick (a mode label: ``"plain"``, ``"default"`` or ``"S,K,N[/cal]"``)
     for this drafter, device kind and bucket of live slots; :data:`MISSING` when none."""
-    src = getattr(drafter, "source", None)
-    path = None if src is None else Path(src) / TUNING_FILE
-    if path is None or not path.is_file():
-        return MISSING
-    entry = json.loads(path.read_text()).get("occupancy", {}).get(
+    entry = _read(getattr(drafter, "source", None)).get("occupancy", {}).get(
         _occupancy_key(device or device_kind(), bucket))
     return MISSING if entry is None else entry["mode"]

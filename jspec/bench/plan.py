@@ -69,11 +69,6 @@ def _shard_bytes(shape_dtype, sharding) -> int:
     return int(np.prod(shard, dtype=np.int64)) * np.dtype(shape_dtype.dtype).itemsize
 
 
-def _with_shardings(tree, shardings):
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        tree, shardings)
-
-
 # ------------------------------------------------------------------ the plan
 @dataclasses.dataclass
 class Plan:
@@ -136,7 +131,7 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
     setup = Setup(cfg, batch, context, max_new, page_size)
     params = abstract_target_params(cfg, stacked=default_stacked())   # as generate() runs it
     pshard = packed_param_shardings(mesh, params)
-    params = _with_shardings(params, pshard)
+    params = aot.with_shardings(params, pshard)
     repl = NamedSharding(mesh, P())
     memory = []
 
@@ -163,7 +158,7 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
     overshoot = max(N, drafter.module.cache_slots(spec)) + S + 1
     a = setup.inputs(overshoot, shards=data)
     dshard = drafter_shardings(drafter, cfg, mesh)
-    dparams = _with_shardings(nn.unbox(drafter.params), dshard)
+    dparams = aot.with_shardings(nn.unbox(drafter.params), dshard)
     add(f"{kind} params", dparams, dshard)
     if kernels != "reference":    # the refusals generate() makes, before compiling
         from jspec.kernels import resolve
@@ -214,8 +209,7 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
            for k in ("argument", "output", "temp", "alias", "generated_code")} if m else {}
     hbm = aot.hbm_bytes(mesh.devices.flat[0])
     if hbm and m is not None:
-        used = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes \
-            + m.temp_size_in_bytes
+        used = aot.used_bytes(m)
         info.update(hbm_GB=round(hbm / 1e9, 1), used_GB=round(used / 1e9, 2),
                     used_of_hbm=round(used / hbm, 3))
     text = compiled.as_text()

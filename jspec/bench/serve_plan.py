@@ -48,11 +48,6 @@ def add_args(s) -> None:
     s.add_argument("--json", metavar="OUT")
 
 
-def _placed(tree, shardings):
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        tree, shardings)
-
-
 def _state_shardings(state, cfg, mesh):
     """The target's pools over KV heads (as the engine pins them), everything else replicated."""
     repl = NamedSharding(mesh, P())
@@ -64,7 +59,7 @@ def _state_shardings(state, cfg, mesh):
 def _memory(compiled, hbm) -> dict:
     m = compiled.memory_analysis()
     get = lambda k: getattr(m, f"{k}_size_in_bytes", 0)
-    used = get("argument") + get("output") - get("alias") + get("temp")
+    used = aot.used_bytes(m)
     row = {k: round(get(k) / 1e9, 3) for k in ("argument", "output", "alias", "temp")}
     row.update(used_GB=round(used / 1e9, 2))
     if hbm:
@@ -76,9 +71,9 @@ def serve_plan(cfg, kind: str, mesh, *, slots: int, context: int, max_new: int, 
                spec=None, draft_vocab: int | None = None, page_size: int = 16,
                kernels: str = "pallas", log=print) -> dict:
     params = abstract_target_params(cfg, stacked=default_stacked())
-    params = _placed(params, packed_param_shardings(mesh, params))
+    params = aot.with_shardings(params, packed_param_shardings(mesh, params))
     drafter = abstract_drafter(kind, cfg, **({"vocab_size": draft_vocab} if draft_vocab else {}))
-    dparams = _placed(nn.unbox(drafter.params), drafter_shardings(drafter, cfg, mesh))
+    dparams = aot.with_shardings(nn.unbox(drafter.params), drafter_shardings(drafter, cfg, mesh))
     spec = spec if spec is not None else drafter.default_spec
     S, N = drafter.module.tree_shape(spec)
     overshoot = max(N, drafter.module.cache_slots(spec)) + S + 1
@@ -96,7 +91,7 @@ def serve_plan(cfg, kind: str, mesh, *, slots: int, context: int, max_new: int, 
     key_dtype = jax.random.key(0).dtype        # made here: under the mesh nothing can run
     with jax.set_mesh(mesh):
         state = jax.eval_shape(lambda p, d: Programs.init(programs, p, d), params, dparams)
-        state = _placed(state, _state_shardings(state, cfg, mesh))
+        state = aot.with_shardings(state, _state_shardings(state, cfg, mesh))
         repl = NamedSharding(mesh, P())
         arg = lambda shape, dt=jnp.int32: jax.ShapeDtypeStruct(shape, dt, sharding=repl)
         key = jax.ShapeDtypeStruct((1,), key_dtype, sharding=repl)

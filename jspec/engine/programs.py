@@ -129,11 +129,11 @@ class Programs:
         TRACE_COUNTS["engine_insert"] += 1
         c = self.config
         params = pack_params(c, params)
-        pools = state.core.cache
-        cache = kvc.PagedKVCache(
-            k_pages=pools.k_pages, v_pages=pools.v_pages, page_table=table,
-            lengths=jnp.zeros((1,), jnp.int32),
-            capacity=jnp.sum(table < self.num_pages, axis=1, dtype=jnp.int32) * self.page_size)
+        # A one-row cache over the live pools (its own zero pools are never read: XLA drops
+        # them).
+        cache = R.with_pools(kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, table,
+                                            self.num_pages, self.page_size, c.dtype),
+                             state.core.cache)
         if self.drafter is None:
             dec = PlainDecoder(c, self.sampling, self.max_new_tokens, self.page_size,
                                self.num_pages)

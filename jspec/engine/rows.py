@@ -62,8 +62,8 @@ def release(state, gone: jax.Array):
 
 
 def with_pools(fresh, live):
-    """``fresh`` (a one-row state made by ``init_state``) reading and writing ``live``'s
-    pools instead of its own zeros (which XLA then drops)."""
+    """``fresh`` (a one-row cache or drafter state, made by ``init_cache`` / ``init_state``)
+    reading and writing ``live``'s pools instead of its own zeros (which XLA then drops)."""
     def one(x, y):
         return x.replace(k_pages=y.k_pages, v_pages=y.v_pages) if _is_cache(x) else x
     return jax.tree.map(one, fresh, live, is_leaf=_is_cache)
