@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 
-def _ids(s: str) -> list[int]:
+def parse_ids(s: str) -> list[int]:
     try:
         return [int(x) for x in s.replace(" ", "").split(",") if x]
     except ValueError:

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from jspec.args import _ids, add_kernels_arg, load_drafter_arg  # noqa: F401 (re-exported)
+from jspec.args import add_kernels_arg, load_drafter_arg, parse_ids  # noqa: F401 (re-exported)
 
 
 def add_generate_args(p: argparse.ArgumentParser) -> None:
@@ -19,13 +19,13 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", help="tokenizer file (tok*.bin or tokenizer.json) overriding the model's")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
-    src.add_argument("--prompt-ids", action="append", type=_ids, help="comma-separated ids (repeatable)")
+    src.add_argument("--prompt-ids", action="append", type=parse_ids, help="comma-separated ids (repeatable)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stop-ids", type=_ids, default=None, help="ids that end a row (default: EOS)")
+    p.add_argument("--stop-ids", type=parse_ids, default=None, help="ids that end a row (default: EOS)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
