@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from jspec.args import add_kernels_arg, load_drafter_arg, parse_ids  # noqa: F401 (re-exported)
+from jspec.shipped import DRAFTER_ORDER
 
 
 def add_generate_args(p: argparse.ArgumentParser) -> None:
@@ -199,30 +200,13 @@ def stream_generate(args, target, prompts, drafter, spec) -> int:
     return 0
 
 
-def default_model() -> Path:
-    """The model the demo runs: the shipped default target, else the stories260K fixture."""
-    root = Path(__file__).resolve().parents[1]
-    for cand in (root / "checkpoints" / "default" / "target",
-                 root.parent / "shared" / "models" / "stories260K"):
-        if cand.exists():
-            return cand
-    raise FileNotFoundError(
-        "no default model: checkpoints/default/target is not shipped and "
-        "../shared/models/stories260K is absent. Pass --model PATH (see README: 'Getting a model').")
-
-
-def _shippable_kinds() -> tuple[str, ...]:
-    from jspec.demo import DRAFTER_ORDER
-    return DRAFTER_ORDER
-
-
 def add_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="default: checkpoints/default/target, else stories260K")
     p.add_argument("--prompt", default=None, help="default: 'import os\\n' for the shipped "
                    "model (it writes Python), 'Once upon a time' otherwise")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--drafter", default=None, choices=_shippable_kinds(),
+    p.add_argument("--drafter", default=None, choices=DRAFTER_ORDER,
                    help="calibrate this shipped drafter only (default: all of them)")
     p.add_argument("--recalibrate", action="store_true",
                    help="measure the drafter/tree pick again instead of reading the stored one")
@@ -277,7 +261,8 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
                      help="the engine's max_new_tokens, which sizes every row's KV (the "
                           "reference attention reads all of it): as in serving (default: "
                           "--new-tokens)")
-    occ.add_argument("--candidates", nargs="+", default=["plain", "default", "3,1,4", "4,2,6"],
+    occ.add_argument("--candidates", nargs="+",
+                     default=["plain", "default", "3,1,4", "4,1,5", "4,2,6"],
                      metavar="MODE", help="plain, default (the drafter's spec) or S,K,N[/cal]")
 
 

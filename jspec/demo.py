@@ -35,11 +35,7 @@ from typing import Callable
 
 import jax
 
-from jspec.drafters import registry
-
-# The shipped drafters the demo picks among: those jspec.train trains and ships as drafter
-# checkpoints (drafters/KIND); the shipped draft model (drafters/model) is not one of them.
-DRAFTER_ORDER = registry.names(lambda k: k.trainable)
+from jspec.shipped import default_model, shipped_drafters
 FIRST_CHAIN = 4           # round 1's chain length: deep enough to see how acceptance decays
 CALIBRATION_PROMPTS = 3
 # The shipped model's most Python-like greedy text starts here (checkpoints/README.md).
@@ -231,14 +227,6 @@ def load_or_calibrate(gen, drafters, drafter_paths, model_path, prompts, n, reca
     return rec
 
 
-def shipped_drafters(model_path: Path) -> dict[str, Path]:
-    """The drafters shipped beside a target (``DIR/target`` + ``DIR/drafters/KIND``)."""
-    here = model_path.resolve()
-    root = here.parent if here.name == "target" else here
-    d = root / "drafters"
-    return {k: d / k for k in DRAFTER_ORDER if (d / k / "jspec_drafter.json").is_file()}
-
-
 def calibration_prompts(drafters_dir: Path, demo_prompt: str) -> list[str]:
     f = drafters_dir / "heldout_prompts.txt"
     lines = f.read_text().splitlines() if f.is_file() else ["def main():", "class Parser:"]
@@ -260,7 +248,6 @@ def run(model: str | None, prompt: str | None, n: int, *, recalibrate: bool = Fa
     import functools
 
     import jspec
-    from jspec.cli import default_model
     from jspec.drafters import load_drafter
 
     if compile_cache and not jax.config.jax_compilation_cache_dir:

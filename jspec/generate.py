@@ -19,7 +19,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from jspec.drafters.health import warn_if_collapsed
+from jspec.drafters.health import first_step_acceptance, warn_if_collapsed
 from jspec.engine import Engine, Request, default_slots
 from jspec.plan import KVConfig, plan, prompt_ids, row_limits
 from jspec.sampling import SamplingConfig
@@ -70,7 +70,7 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     untouched. A budget that holds every row's need gives the same pages either way.
     ``mesh``: a ``('data', 'model')`` mesh (:func:`jspec.sharding.make_mesh`);
     rows are split over ``data`` and the target should be placed with
-    :func:`jspec.sharding.shard_target`. In a multi-host run (:mod:`jspec.distributed`) the
+    :func:`jspec.target.shard_target`. In a multi-host run (:mod:`jspec.distributed`) the
     mesh spans every process and ``prompts`` are this process's rows (the same count on every
     process); the result holds this process's rows.
 
@@ -124,6 +124,14 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     wall = time.perf_counter() - t0
     return finish(p.target, tokens, stats, wall, prof,
                   None if drafter is None or forced_accept else drafter)
+
+
+def check_acceptance(target, drafter, prompts, new_tokens: int = 48) -> float:
+    """Run a short greedy calibration on ``prompts`` and return the first-step acceptance
+    (warning as :func:`jspec.drafters.health.warn_if_collapsed` does; ``generate`` itself
+    checks the same)."""
+    res = generate(target, prompts, max_new_tokens=new_tokens, drafter=drafter)
+    return first_step_acceptance(res.stats)[0]
 
 
 def finish(target: Target, tokens, stats, wall: float, prof=None, drafter=None

@@ -28,7 +28,7 @@ from jspec.sharding import batch_sharding
 from jspec.spec_config import SpecConfig
 from jspec.spec_decode import SpecDecoder
 from jspec.target import Target
-from jspec.tree.calibration import check as check_selection
+from jspec.drafters.calibration import check as check_selection
 from jspec.tune_store import resolve_spec
 
 log = logging.getLogger("jspec")

@@ -23,8 +23,11 @@ import os
 import jax
 import jax.numpy as jnp
 
+from jax.sharding import NamedSharding
+
 from jspec.config import LlamaConfig
 from jspec.platform import target_platform
+from jspec.sharding import logical_spec
 
 
 def is_packed(params) -> bool:
@@ -129,6 +132,35 @@ PACKED_AXES = {
         "down": ("layers", "embed", "mlp"),
     },
 }
+
+
+def _is_axes(x) -> bool:
+    return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+
+
+def packed_param_shardings(mesh, packed_shapes):
+    """NamedShardings for the packed layout (:data:`PACKED_AXES`)."""
+    axes = {k: v for k, v in PACKED_AXES.items() if k in packed_shapes}
+    if isinstance(packed_shapes["layers"], (list, tuple)):       # per-layer weights
+        one = {k: v[1:] for k, v in PACKED_AXES["layers"].items()}
+        axes["layers"] = tuple(one for _ in packed_shapes["layers"])
+    return jax.tree_util.tree_map(
+        lambda names, s: NamedSharding(mesh, logical_spec(names, s.shape, mesh)),
+        axes, packed_shapes, is_leaf=_is_axes)
+
+
+def pack_for_serving(cfg, params):
+    """Pack checkpoint-layout params once (jitted); on the same mesh when they are sharded."""
+    if is_packed(params):
+        return params
+    pack = lambda p: pack_params(cfg, p)
+    leaf = jax.tree_util.tree_leaves(params)[0]
+    sharding = getattr(leaf, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        shapes = jax.eval_shape(pack, params)
+        out = packed_param_shardings(sharding.mesh, shapes)
+        return jax.jit(pack, out_shardings=out)(params)
+    return jax.jit(pack)(params)
 
 
 def precision_of(dtype) -> jax.lax.Precision | None:

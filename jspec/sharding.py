@@ -17,16 +17,11 @@ crosses the ``data`` axis, and each shard's loop stops when its own rows are don
 
 from __future__ import annotations
 
-import dataclasses
 
 import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
-from jspec.llama import abstract_params
-from jspec.serving_layout import PACKED_AXES, is_packed, pack_params
-from jspec.target import Target
 
 LOGICAL_RULES = (
     ("batch", "data"),
@@ -52,7 +47,9 @@ def make_mesh(data: int | None = None, model: int = 1, devices=None) -> Mesh:
     return Mesh(np.array(devices[:data * model]).reshape(data, model), ("data", "model"))
 
 
-def _spec(names, shape, mesh: Mesh) -> P:
+def logical_spec(names, shape, mesh: Mesh) -> P:
+    """The PartitionSpec of an array with logical axis ``names`` under :data:`LOGICAL_RULES`
+    (an axis the mesh axis does not divide is replicated)."""
     rules = dict(LOGICAL_RULES)
     axes = []
     for name, size in zip(names, shape):
@@ -61,74 +58,23 @@ def _spec(names, shape, mesh: Mesh) -> P:
     return P(*axes)
 
 
-def param_shardings(cfg, mesh: Mesh):
-    """A NamedSharding for every parameter, from its logical axis names."""
-    boxed = abstract_params(cfg)
-    return jax.tree_util.tree_map(
-        lambda b: NamedSharding(mesh, _spec(b.names, b.value.shape, mesh)), boxed,
-        is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
-
-
-def drafter_shardings(drafter, target_cfg, mesh: Mesh):
-    """NamedShardings for a drafter's params (checkpoint or serving layout), from the logical
-    axes its layers declare, under the target's :data:`LOGICAL_RULES` (its LM head over the
-    vocabulary, attention over heads, MLP over ``model``); maps and tables without axes
-    (``d2t``, a calibration model) are replicated."""
-    module = drafter.module
-    boxed = jax.eval_shape(lambda k: module.init_params(k, target_cfg), jax.random.key(0))
-    flip = getattr(module, "out_major", False)
+def boxed_shardings(boxed, params, mesh: Mesh, *, out_major: bool = False):
+    """NamedShardings for ``params`` from an abstract tree of the same layout whose leaves
+    may carry logical axes (``nn.LogicallyPartitioned``, as ``init`` makes them): boxed
+    leaves are placed by :func:`logical_spec`, the rest (maps and tables without axes)
+    replicated. ``out_major``: 2-D ``kernel`` leaves are stored ``[out, in]`` (a serving
+    layout), the reverse of their declared axes."""
     specs = {}
     for path, b in jax.tree_util.tree_leaves_with_path(
             boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)):
         if isinstance(b, nn.LogicallyPartitioned):
             names, shape = tuple(b.names), b.value.shape
-            if flip and getattr(path[-1], "key", None) == "kernel" and len(shape) == 2:
-                names, shape = names[::-1], shape[::-1]          # serving: [out, in]
-            specs[jax.tree_util.keystr(path)] = _spec(names, shape, mesh)
+            if out_major and getattr(path[-1], "key", None) == "kernel" and len(shape) == 2:
+                names, shape = names[::-1], shape[::-1]
+            specs[jax.tree_util.keystr(path)] = logical_spec(names, shape, mesh)
     return jax.tree_util.tree_map_with_path(
         lambda path, _: NamedSharding(mesh, specs.get(jax.tree_util.keystr(path), P())),
-        nn.unbox(drafter.params))
-
-
-def shard_drafter(drafter, target_cfg, mesh: Mesh):
-    """The drafter with its params placed on ``mesh`` (:func:`drafter_shardings`)."""
-    from jspec.drafters import Drafter
-    params = jax.device_put(nn.unbox(drafter.params), drafter_shardings(drafter, target_cfg, mesh))
-    return Drafter(drafter.module, params, source=drafter.source)
-
-
-def _is_axes(x) -> bool:
-    return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
-
-
-def packed_param_shardings(mesh: Mesh, packed_shapes):
-    """NamedShardings for the packed layout (:data:`jspec.serving_layout.PACKED_AXES`)."""
-    axes = {k: v for k, v in PACKED_AXES.items() if k in packed_shapes}
-    if isinstance(packed_shapes["layers"], (list, tuple)):       # per-layer weights
-        one = {k: v[1:] for k, v in PACKED_AXES["layers"].items()}
-        axes["layers"] = tuple(one for _ in packed_shapes["layers"])
-    return jax.tree_util.tree_map(lambda names, s: NamedSharding(mesh, _spec(names, s.shape, mesh)),
-                                  axes, packed_shapes, is_leaf=_is_axes)
-
-
-def pack_for_serving(cfg, params):
-    """Pack checkpoint-layout params once (jitted); on the same mesh when they are sharded."""
-    if is_packed(params):
-        return params
-    pack = lambda p: pack_params(cfg, p)
-    leaf = jax.tree_util.tree_leaves(params)[0]
-    sharding = getattr(leaf, "sharding", None)
-    if isinstance(sharding, NamedSharding):
-        shapes = jax.eval_shape(pack, params)
-        out = packed_param_shardings(sharding.mesh, shapes)
-        return jax.jit(pack, out_shardings=out)(params)
-    return jax.jit(pack)(params)
-
-
-def shard_target(target: Target, mesh: Mesh) -> Target:
-    """The same target with parameters placed on ``mesh``."""
-    params = jax.device_put(target.params, param_shardings(target.config, mesh))
-    return dataclasses.replace(target, params=params)
+        nn.unbox(params))
 
 
 def kv_pages_spec(cfg, mesh: Mesh, *, inside: bool = False) -> P:

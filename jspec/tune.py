@@ -43,6 +43,7 @@ import numpy as np
 
 from jspec.spec_config import (CALIBRATED_SUFFIX, SpecConfig, SpecConfigError,  # noqa: F401
                                 parse_spec as parse_shape, spec_label as shape)
+from jspec.timing import round_robin, wall_s
 from jspec.tune_store import device_kind
 
 log = logging.getLogger("jspec")
@@ -284,7 +285,7 @@ def tune(target, drafter, prompts, *, batch: int = 1, new_tokens: int = 64,
     """Measure, predict and confirm (see the module docstring); returns the pick and the
     grid's rows. ``prompts``: at least ``batch`` prompts (strings or token ids); the timed
     runs use the first ``batch`` of them, the calibration all of them."""
-    from jspec.bench.spec import _interleaved, generate_in_turn
+    from jspec.bench.spec import generate_in_turn
 
     if not drafter.module.has_pool:
         raise ValueError(f"tune picks EAGLE-2 trees and chains for drafters that draft a "
@@ -322,7 +323,8 @@ def tune(target, drafter, prompts, *, batch: int = 1, new_tokens: int = 64,
 
     # The overhead: one timed run of the reference shape against its modelled parts.
     ref = default if default is not None else grid[0]
-    (_, med, res), = _interleaved([gen(drafter=drafter, spec=ref)], 1)
+    ref_run, = round_robin([gen(drafter=drafter, spec=ref)], 1, seconds=wall_s)
+    med, res = ref_run.median, ref_run.result
     # A chunk's loop runs until its slowest row is done.
     iters = sum(max(s["iterations"] for s in res.stats[i:i + batch])
                 for i in range(0, len(res.stats), batch))
@@ -338,12 +340,13 @@ def tune(target, drafter, prompts, *, batch: int = 1, new_tokens: int = 64,
     if not exhaustive and default is not None and all(r["spec"] != default for r in timed):
         timed = timed + [next(r for r in rows if r["spec"] == default)]
     progress(f"timing {len(timed)} shapes end to end (and plain decoding), interleaved ...")
-    results = _interleaved([gen()] + [gen(drafter=drafter, spec=r["spec"]) for r in timed],
-                           repeats)
+    results = round_robin([gen()] + [gen(drafter=drafter, spec=r["spec"]) for r in timed],
+                          repeats, seconds=wall_s)
     made = len(chunks) * batch * new_tokens
-    plain_tps = made / results[0][1]
-    for r, (_, med, res) in zip(timed, results[1:]):
-        r["tok/s meas"] = made / med
+    plain_tps = made / results[0].median
+    for r, t in zip(timed, results[1:]):
+        res = t.result
+        r["tok/s meas"] = made / t.median
         r["speedup meas"] = r["tok/s meas"] / plain_tps
         h = np.sum([s["accept_hist"] for s in res.stats], axis=0)
         r["E meas"] = float((h * np.arange(len(h))).sum() / max(1, h.sum()))

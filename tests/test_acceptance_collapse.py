@@ -12,7 +12,8 @@ import pytest
 import jspec
 from jspec.checkpoint import load_target
 from jspec.drafters import load_drafter, random_drafter
-from jspec.drafters.health import check_acceptance, first_step_acceptance, likely_causes
+from jspec.drafters.health import first_step_acceptance, likely_causes
+from jspec.generate import check_acceptance
 
 ROOT = Path(__file__).parents[1] / "checkpoints/default"
 

@@ -14,6 +14,7 @@ from jspec.llama import init_params
 from jspec.spec_config import SpecConfig
 from jspec.train.acceptance import TeacherForced
 from jspec.train.calibrate import fit, log_loss
+from jspec.drafters import calibration as DC
 from jspec.tree import calibration as C
 from jspec.tree.select import select_pool
 
@@ -120,7 +121,7 @@ def test_calibrated_selection_drafts_other_closed_trees(tiny, rank_model):
     model = rank_model(64)
     model["token_bias"][::3] = -1.0                  # so the token ids the loop reads matter
     model["pair_bias"][::5] = 0.5
-    d = C.attach(random_drafter("eagle3", tiny.config, jax.random.key(1)), model)
+    d = DC.attach(random_drafter("eagle3", tiny.config, jax.random.key(1)), model)
     m, B, T, ps = d.module, 4, 12, 8
     table = kvc.allocate_page_table([T + 40] * B, ps, B * 8)
     state = m.init_state(B, table, B * 8, ps)
@@ -156,22 +157,22 @@ def test_stored_beside_the_drafter_checkpoint(tiny, rank_model, tmp_path):
     model = rank_model(64)
     model["token_bias"][[3, 40]] = [0.25, -1.5]
     model["pair_bias"][[0, 1000, C.PAIR_BUCKETS - 1]] = [0.5, -0.125, 2.0]
-    save_drafter(C.attach(d, model), tmp_path / "d")
-    assert (tmp_path / "d" / C.FILENAME).is_file()
+    save_drafter(DC.attach(d, model), tmp_path / "d")
+    assert (tmp_path / "d" / DC.FILENAME).is_file()
     back = load_drafter(tmp_path / "d", tiny.config).params[C.PARAM_KEY]
     for k in C.KEYS:                                        # stored to 5 and 4 decimals
         np.testing.assert_allclose(np.asarray(back[k]), model[k], atol=1e-4)
     save_drafter(d, tmp_path / "plain")
     assert C.PARAM_KEY not in load_drafter(tmp_path / "plain", tiny.config).params
-    bad = tmp_path / "plain" / C.FILENAME
+    bad = tmp_path / "plain" / DC.FILENAME
     bad.write_text('{"version": 1, "shape": [1, 1, 2], "log_rate": [[[-0.5, -0.1]]]}')
     with pytest.raises(CheckpointError, match="version 1.*jspec.train calibrate"):
         load_drafter(tmp_path / "plain", tiny.config)
-    C.save(tmp_path / "plain", rank_model(65))               # another target's vocabulary
+    DC.save(tmp_path / "plain", rank_model(65))               # another target's vocabulary
     with pytest.raises(CheckpointError, match=r"token_bias must be \[128\]"):
         load_drafter(tmp_path / "plain", tiny.config)
     with pytest.raises(C.CalibrationError, match="weights must be"):
-        C.attach(d, {**model, "weights": np.zeros((2, 2))})
+        DC.attach(d, {**model, "weights": np.zeros((2, 2))})
 
 
 def test_target_as_its_own_drafter_reaches_the_chain_ceiling_when_calibrated(tiny):

@@ -10,7 +10,7 @@ import pytest
 
 import jspec
 from jspec.checkpoint import save_orbax
-from jspec.cli import load_drafter_arg
+from jspec.args import load_drafter_arg
 from jspec.config import LlamaConfig
 from jspec.drafters import Drafter, DrafterMismatchError, load_drafter, make_drafter
 from jspec.drafters.draft_model import from_target

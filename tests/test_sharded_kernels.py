@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent("""
     from jspec.config import LlamaConfig
     from jspec.drafters import random_drafter
     from jspec.spec_config import SpecConfig
-    from jspec.target import Target
+    from jspec.target import Target, shard_target
 
     assert jax.device_count() == 8, jax.devices()
     # Lane-wide heads (128): the shape where the TPU attention kernel reads grouped queries
@@ -45,7 +45,7 @@ SCRIPT = textwrap.dedent("""
         [fn.__name__, sorted(kernels._partitioned_axes())]) or real(fn, *a)
     llama._rotates_whole_block = lambda: sys.argv[1] == "tpu_layout"
     mesh = sharding.make_mesh(data=4, model=2)
-    t = sharding.shard_target(target, mesh)
+    t = shard_target(target, mesh)
     kw = dict(mesh=mesh, kernels="pallas_interpret")
     out["plain"] = gen(t, max_new_tokens=12, **kw)
     out["tree"] = gen(t, max_new_tokens=12, drafter=d, spec=SpecConfig(5, 4, 8), **kw)

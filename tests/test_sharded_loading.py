@@ -1,5 +1,5 @@
 """Loading straight into a mesh's shardings (HF safetensors slice by slice, Orbax's sharded
-restore) gives the same parameters, placed as jspec.sharding.param_shardings says, on 8
+restore) gives the same parameters, placed as jspec.target.param_shardings says, on 8
 simulated CPU devices (a fresh interpreter: XLA_FLAGS is read at start-up)."""
 
 import json
@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent("""
     from jspec.bench import configs
     from jspec.checkpoint import CheckpointError, load_target, save_hf, save_orbax
     from jspec.llama import init_params
-    from jspec.target import Target
+    from jspec.target import Target, param_shardings
 
     out = sys.argv[1]
     cfg = configs.random_config("tiny")
@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent("""
     save_hf(ref, out + "/hf")
     save_orbax(ref, out + "/orbax")
     mesh = sharding.make_mesh(2, 4)
-    want = sharding.param_shardings(cfg, mesh)
+    want = param_shardings(cfg, mesh)
     res = {}
     for fmt in ("hf", "orbax"):
         t = load_target(out + "/" + fmt, mesh=mesh)
@@ -48,7 +48,7 @@ SCRIPT = textwrap.dedent("""
         lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), dh.params, ds.params)))
     res["hf_drafter_placed"] = all(jax.tree.leaves(jax.tree.map(
         lambda a, b: a.sharding.is_equivalent_to(b.sharding, a.ndim), dh.params, ds.params)))
-    want_d = sharding.drafter_shardings(ds, cfg, mesh)
+    want_d = ds.shardings(cfg, mesh)
     res["drafter"] = {
         "same": all(jax.tree.leaves(jax.tree.map(
             lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), ds.params,

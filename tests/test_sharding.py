@@ -21,6 +21,7 @@ SCRIPT = textwrap.dedent("""
     import jax
     import jspec
     from jspec import sharding
+    from jspec.target import shard_target
     from jspec.checkpoint import load_target
 
     assert jax.device_count() == 8, jax.devices()
@@ -30,7 +31,7 @@ SCRIPT = textwrap.dedent("""
     out = {}
     for data, model in [(2, 4), (4, 2), (1, 8)] if sys.argv[2] == "plain" else []:
         mesh = sharding.make_mesh(data=data, model=model)
-        sharded = sharding.shard_target(target, mesh)
+        sharded = shard_target(target, mesh)
         spec = sharded.params["layers_0"]["self_attn"]["q_proj"]["kernel"].sharding.spec
         g = jspec.generate(sharded, prompts, max_new_tokens=40, stop_ids=[], mesh=mesh)
         s = jspec.generate(sharded, prompts, max_new_tokens=20, stop_ids=[], mesh=mesh,
@@ -53,7 +54,7 @@ SCRIPT = textwrap.dedent("""
     for name in sys.argv[3].split(","):
         data, model = map(int, name.split("x"))
         mesh = sharding.make_mesh(data=data, model=model)
-        t = sharding.shard_target(target, mesh)
+        t = shard_target(target, mesh)
         out["spec"][name] = {
             "eagle3": jspec.generate(t, rows8, max_new_tokens=24, stop_ids=[], mesh=mesh,
                                      drafter=e3).tokens,

@@ -72,7 +72,7 @@ def test_greedy_identical_to_plain(stories, drafters, kind, mode, size):
 def test_greedy_identical_under_calibrated_selection(stories, drafters, rank_model, kind, mode):
     """Acceptance-aware selection drafts other trees (tests/test_calibration.py shows they
     differ); the output must not change."""
-    from jspec.tree.calibration import attach
+    from jspec.drafters.calibration import attach
     target, cases = stories
     prompts, limits = batch_for(cases, 4)
     spec = (MODES[mode] or drafters[kind].default_spec).with_selection("calibrated")

@@ -78,7 +78,7 @@ def test_plain_sampling_matches_enumeration(target, exact):
 @pytest.mark.parametrize("spec", [SpecConfig(3, 4, 8), SpecConfig(3, 4, 8, "calibrated"),
                                   SpecConfig.chain(3)], ids=["tree", "tree-calibrated", "chain"])
 def test_speculative_sampling_matches_enumeration(target, exact, spec, rank_model):
-    from jspec.tree.calibration import attach
+    from jspec.drafters.calibration import attach
     drafter = random_drafter("eagle1", target.config, jax.random.key(2))
     if spec.selection == "calibrated":
         drafter = attach(drafter, rank_model(target.config.vocab_size))

@@ -162,7 +162,7 @@ def test_demo_finds_shipped_target():
     """``python -m jspec demo`` loads ``default_model()``: it must be the shipped target
     (``checkpoints/default`` is an alias of ``checkpoints/default/target``)."""
     import jspec
-    from jspec.cli import default_model
+    from jspec.shipped import default_model
 
     path = Path(default_model())
     assert path.resolve() in (SHIPPED.resolve(), SHIPPED.parent.resolve())

@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
-import time
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -23,30 +21,7 @@ from jspec.config import LlamaConfig
 from jspec.llama import Llama
 
 
-# --------------------------------------------------------------------------- timing
-def block(x):
-    """``jax.block_until_ready`` that tolerates non-array leaves (ints, strings, None)."""
-    return jax.tree.map(lambda a: a.block_until_ready() if isinstance(a, jax.Array) else a, x)
-
-
-def wall(fn: Callable[[], Any]) -> tuple[float, Any]:
-    """Seconds for ``fn()`` including waiting for every array it returns."""
-    t0 = time.perf_counter()
-    out = block(fn())
-    return time.perf_counter() - t0, out
-
-
-def time_repeats(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> dict:
-    """``first`` (cold call: includes any compilation), ``median`` / ``min`` of ``repeats``
-    calls after ``warmup`` warm-up calls (the first call counts as one warm-up)."""
-    first, out = wall(fn)
-    for _ in range(max(0, warmup - 1)):
-        wall(fn)
-    times = [wall(fn)[0] for _ in range(max(1, repeats))]
-    return {"first": first, "median": statistics.median(times), "min": min(times),
-            "times": times, "out": out}
-
-
+# --------------------------------------------------------------------------- timing (jspec.timing)
 def load_avg() -> str:
     """The 1/5/15-minute load average: other processes on a small machine skew timings."""
     try:

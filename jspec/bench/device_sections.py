@@ -15,7 +15,8 @@ import time
 
 from jspec.bench.device_setup import (Plan, VerifyBench, binary_parents, compile_all,
                                       device_random_drafter, kv_bytes, make_target,
-                                      time_round_robin, weight_bytes)
+                                      weight_bytes)
+from jspec.timing import round_robin
 
 
 def sec_copy(plan: Plan, ctx: dict) -> dict:
@@ -31,7 +32,8 @@ def sec_plain_decode(plan: Plan, ctx: dict) -> dict:
     vb = VerifyBench(plan, cfg, target)
     jobs = {B: vb.job(B, 1) for B in plan.batches}
     comp = compile_all(jobs)
-    med = time_round_robin({B: vb.runner(comp[B][0], jobs[B][1]) for B in jobs}, plan.repeats)
+    med = {B: t.median for B, t in round_robin(
+        {B: vb.runner(comp[B][0], jobs[B][1]) for B in jobs}, plan.repeats, warmup=2).items()}
     copy = ctx.get("copy GB/s") or copy_bandwidth(plan.copy_bytes)
     wbytes = weight_bytes(cfg, target.params)
     rows = []
@@ -55,7 +57,8 @@ def sec_verify(plan: Plan, ctx: dict) -> dict:
     vb = VerifyBench(plan, cfg, target)
     jobs = {N: vb.job(1, N) for N in plan.nodes}
     comp = compile_all(jobs)
-    med = time_round_robin({N: vb.runner(comp[N][0], jobs[N][1]) for N in jobs}, plan.repeats)
+    med = {N: t.median for N, t in round_robin(
+        {N: vb.runner(comp[N][0], jobs[N][1]) for N in jobs}, plan.repeats, warmup=2).items()}
     t1 = med[plan.nodes[0]]
     rows = [{"N": N, "ms": 1e3 * med[N], "t_V/t_1": med[N] / t1, "compile s": comp[N][1],
              "kernels": vb.modes[f"b1 N{N}"]} for N in plan.nodes]
@@ -110,7 +113,7 @@ def sec_e2e(plan: Plan, ctx: dict) -> dict:
     import numpy as np
 
     from jspec.bench.plain import make_prompts
-    from jspec.bench.spec import _interleaved
+    from jspec.timing import wall_s
     from jspec.spec_config import SpecConfig
 
     cfg, target = make_target(plan)
@@ -128,11 +131,12 @@ def sec_e2e(plan: Plan, ctx: dict) -> dict:
         with cf.ThreadPoolExecutor(len(calls)) as ex:     # compile the programs concurrently
             firsts = [r.wall_s for r in ex.map(lambda c: c(), calls)]
         compile_wall = time.perf_counter() - t0
-        timed = _interleaved(calls, plan.e2e_repeats)
-    plain_s = timed[0][1]
+        timed = round_robin(calls, plan.e2e_repeats, seconds=wall_s)
+    plain_s = timed[0].median
     rows = [{"run": "plain", "E": 1, "tokens/s": new / plain_s, "ms/token": 1e3 * plain_s / new,
              "speedup": 1.0, "accept len": 1.0, "first s": firsts[0]}]
-    for E, first, (_, med, res) in zip(plan.accepts, firsts[1:], timed[1:]):
+    for E, first, t in zip(plan.accepts, firsts[1:], timed[1:]):
+        med, res = t.median, t.result
         rows.append({"run": "eagle3 forced", "E": E, "tokens/s": new / med,
                      "ms/token": 1e3 * med / new, "speedup": plain_s / med,
                      "accept len": float(np.mean([s["mean_accept_len"] for s in res.stats])),

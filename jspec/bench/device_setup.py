@@ -162,20 +162,6 @@ def compile_all(jobs: dict, log=print) -> dict:
     return out
 
 
-def time_round_robin(variants: dict, repeats: int, warmup: int = 2) -> dict:
-    """``variants``: name -> zero-argument callable that runs once and blocks. Returns
-    name -> median seconds; the variants alternate call by call so load hits them alike."""
-    import statistics
-    times = {n: [] for n in variants}
-    for i in range(warmup + repeats):
-        for n, call in variants.items():
-            t0 = time.perf_counter()
-            call()
-            if i >= warmup:
-                times[n].append(time.perf_counter() - t0)
-    return {n: statistics.median(t) for n, t in times.items()}
-
-
 class VerifyBench:
     """The driver's verify forward (``SpecDecoder.verify``: target forward over a tree with
     its mask, logits, features) for given (batch, N), on a random cache of ``context``

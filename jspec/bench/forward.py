@@ -13,6 +13,7 @@ draft accepted and a free drafter the speed-up is at most ``block / ratio``.
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -26,8 +27,8 @@ from jspec.bench import common
 from jspec.bench.configs import random_config
 from jspec.config import LlamaConfig
 from jspec.llama import forward, logits as lm_logits
-from jspec.serving_layout import pack_params
-from jspec.sharding import pack_for_serving
+from jspec.serving_layout import pack_for_serving, pack_params
+from jspec.timing import own_seconds, round_robin
 
 COLUMNS = ["forward", "batch", "context", "tokens", "compile s", "ms", "ms/token", "x decode"]
 
@@ -93,11 +94,10 @@ def run_forward(cfg: LlamaConfig, params=None, context: int = 1024, block: int =
         params = common.random_params(cfg, seed)
     params = pack_for_serving(cfg, params)
     variants = [_prepare(cfg, params, batch, context, t, block, page_size, seed) for t in (1, block)]
-    for i in range(2 + repeats):        # two warm-up rounds
-        for v in variants:
-            dt = _call(v, params)
-            if i >= 2:
-                v["times"].append(dt)
+    timed = round_robin([functools.partial(_call, v, params) for v in variants], repeats,
+                        warmup=2, seconds=own_seconds)
+    for v, t in zip(variants, timed):
+        v["times"] = t.times
     rows = []
     for v, name in zip(variants, ("decode", f"block of {block}")):
         assert v["logits_shape"] == (batch, v["tokens"], cfg.vocab_size)

@@ -10,13 +10,13 @@ small ``--prefix`` / ``--batch`` run it on a CPU for a smoke test.
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jspec.bench.common import format_table
+from jspec.timing import round_robin
 from jspec.tree.build import build_tree
 from pallas_kernels.tree_attention import tree_attention
 
@@ -24,20 +24,11 @@ COLUMNS = ["batch", "prefix", "N", "kernel ms", "reference ms", "decode ms", "ke
            "decode GB/s", "copy GB/s", "kernel/decode"]
 
 
-def _time(f, *args, repeats=10):
-    jax.block_until_ready(f(*args))
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
-
-
-def copy_bandwidth(nbytes=1 << 28):
+def copy_bandwidth(nbytes=1 << 28, repeats=10):
     x = jnp.ones((nbytes // 4,), jnp.float32)
     f = jax.jit(lambda x: x + 1)
-    return 2 * nbytes / _time(f, x) / 1e9          # read + write
+    t, = round_robin([lambda: f(x)], repeats)
+    return 2 * nbytes / t.median / 1e9          # read + write
 
 
 def inputs(batch, prefix, N, H=32, KVH=8, D=128, page=16, dtype=jnp.bfloat16, seed=0):
@@ -64,8 +55,9 @@ def run(batches, prefixes, N, impl, repeats):
         for L in prefixes:
             args, nbytes = inputs(B, L, N)
             dargs, dbytes = inputs(B, L, 1)
-            tk, tr, td = (_time(kernel, *args, repeats=repeats), _time(reference, *args, repeats=repeats),
-                          _time(kernel, *dargs, repeats=repeats))
+            tk, tr, td = (t.median for t in round_robin(
+                [lambda: kernel(*args), lambda: reference(*args), lambda: kernel(*dargs)],
+                repeats))
             rows.append({"batch": B, "prefix": L, "N": N, "kernel ms": tk * 1e3,
                          "reference ms": tr * 1e3, "decode ms": td * 1e3,
                          "kernel GB/s": nbytes / tk / 1e9, "decode GB/s": dbytes / td / 1e9,

@@ -24,6 +24,7 @@ CHILD = textwrap.dedent("""
     import json, os, sys, threading, time
     import jax
     from jspec import sharding
+    from jspec.target import shard_target
     from jspec.checkpoint import load_target
     path, mode, data, model = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     mesh = sharding.make_mesh(data, model)
@@ -38,7 +39,7 @@ CHILD = textwrap.dedent("""
             peak[0] = max(peak[0], anon()); time.sleep(0.002)
     threading.Thread(target=sample, daemon=True).start()
     t0 = time.perf_counter()
-    t = (sharding.shard_target(load_target(path), mesh) if mode == "whole"
+    t = (shard_target(load_target(path), mesh) if mode == "whole"
          else load_target(path, mesh=mesh))
     jax.block_until_ready(t.params)
     secs = time.perf_counter() - t0

@@ -25,6 +25,7 @@ import numpy as np
 from jspec.bench import common
 from jspec.bench.configs import random_config
 from jspec.target import Target
+from jspec.timing import round_robin, wall_s
 
 COLUMNS = ["batch", "prompt len", "new tokens", "compile s", "tokens/s", "ms/token",
            "HF tokens/s", "jspec/HF", "same tokens"]
@@ -76,17 +77,10 @@ def run_plain(target: Target, batches: Sequence[int] = (1, 8), new_tokens: int =
     for B in batches:
         prompts = make_prompts(target.config, B, prompt_len, seed + B)
         plist = prompts.tolist()
-        last = {}
-
-        def call():
-            res = jspec.generate(target, plist, max_new_tokens=new_tokens, stop_ids=[])
-            last["res"] = res
-            return res
-
-        first = call().wall_s
-        times = [call().wall_s for _ in range(max(1, repeats))]
-        med = float(np.median(times))
-        toks = last["res"].tokens
+        run, = round_robin(
+            [lambda: jspec.generate(target, plist, max_new_tokens=new_tokens, stop_ids=[])],
+            repeats, seconds=wall_s)
+        first, med, toks = run.first, run.median, run.result.tokens
         if any(len(t) != new_tokens for t in toks):
             raise RuntimeError(f"jspec produced {[len(t) for t in toks]} tokens, expected {new_tokens}")
         row = {"batch": B, "prompt len": prompt_len, "new tokens": new_tokens,
@@ -94,10 +88,10 @@ def run_plain(target: Target, batches: Sequence[int] = (1, 8), new_tokens: int =
                "ms/token": 1000.0 * med / new_tokens, "jspec s": med, "jspec first s": first}
         if hf_model is not None:
             hcall = common.hf_greedy(hf_model, prompts, new_tokens)
-            t = common.time_repeats(hcall, repeats, warmup=1)
-            hf_toks = t["out"]
-            row["HF tokens/s"] = B * new_tokens / t["median"]
-            row["HF s"] = t["median"]
+            t, = round_robin([hcall], repeats)
+            hf_toks = t.result
+            row["HF tokens/s"] = B * new_tokens / t.median
+            row["HF s"] = t.median
             row["jspec/HF"] = row["tokens/s"] / row["HF tokens/s"]
             same = [list(map(int, hf_toks[r])) == list(toks[r]) for r in range(B)]
             row["same tokens"] = all(same)

@@ -120,8 +120,8 @@ def plan(cfg, kind: str | None, mesh, *, spec=None, batch: int = 8, context: int
 
 def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab, platform,
           log, kernels="reference", plain_step=False, hlo_out=None) -> Plan:
-    from jspec.sharding import (batch_sharding, drafter_shardings, kv_pages_spec,
-                                packed_param_shardings)
+    from jspec.serving_layout import packed_param_shardings
+    from jspec.sharding import batch_sharding, kv_pages_spec
 
     data, model = mesh.shape["data"], mesh.shape["model"]
     if kind is None:
@@ -157,7 +157,7 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
     S, N = tree_shape(drafter.module, spec)
     overshoot = max(N, drafter.module.cache_slots(spec)) + S + 1
     a = setup.inputs(overshoot, shards=data)
-    dshard = drafter_shardings(drafter, cfg, mesh)
+    dshard = drafter.shardings(cfg, mesh)
     dparams = aot.with_shardings(nn.unbox(drafter.params), dshard)
     add(f"{kind} params", dparams, dshard)
     if kernels != "reference":    # the refusals generate() makes, before compiling

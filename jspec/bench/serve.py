@@ -21,6 +21,7 @@ import numpy as np
 
 from jspec.engine import Engine, Request
 from jspec.engine.policy import mode_label, parse_mode
+from jspec.engine.tuning import best_rates, full_rounds
 
 
 def add_args(s) -> None:
@@ -100,26 +101,19 @@ def engine(target, drafter, work, B, chunk, order="longest", **kw):
 
 def sweep(target, drafter, prompts, slot_counts, new, chunk, fixed, cap) -> list[dict]:
     """Tokens/s with every slot full (no stop ids: each request runs ``new`` tokens), plain,
-    the fixed spec and the stored pick, round-robin best of 2 after a warm call; engines
-    sized for ``cap`` new tokens a request, as in the stream above."""
+    the fixed spec and the stored pick, timed as ``jspec tune --occupancy`` times them
+    (:func:`jspec.engine.tuning.best_rates` over at least 8 distinct prompts); engines sized
+    for ``cap`` new tokens a request, as in the stream above."""
     rows = []
     longest = max(len(target.tokenizer.encode(p)) for p in prompts)
     for B in slot_counts:
-        reqs = [Request(prompts[i % len(prompts)], new, stop_ids=[]) for i in range(B)]
         kw = dict(slots=B, max_new_tokens=cap, chunk=chunk, longest_prompt=longest)
         engines = {"plain": Engine(target, None, **kw),
                    "fixed": Engine(target, drafter, spec=fixed, **kw),
                    "pick": Engine(target, drafter, policy="auto", **kw)}
         for e in engines.values():
             e.warm(longest, buckets=[B])            # every slot full: only bucket B runs
-        best = {k: float("inf") for k in engines}
-        for rep in range(3):
-            for k, e in engines.items():
-                t0 = time.perf_counter()
-                e.generate(reqs)
-                if rep:
-                    best[k] = min(best[k], time.perf_counter() - t0)
-        rate = {k: B * new / v for k, v in best.items()}
+        rate = best_rates(engines, full_rounds(prompts, B, new), repeats=2)
         pick_mode = mode_label(engines["pick"].policy[B])
         del engines
         fresh()
@@ -160,7 +154,7 @@ def stream_rows(target, drafter, work, args, fixed) -> list[dict]:
 
 def main(args) -> dict:
     import jspec
-    from jspec.cli import default_model
+    from jspec.shipped import default_model
     from jspec.drafters import load_drafter
 
     model = Path(args.model) if args.model else default_model()

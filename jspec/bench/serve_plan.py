@@ -28,7 +28,8 @@ from jspec.engine.programs import PLAIN, Programs
 from jspec.platform import building_for
 from jspec.sampling import SamplingConfig
 from jspec.serving_layout import default_stacked
-from jspec.sharding import drafter_shardings, kv_pages_spec, make_mesh, packed_param_shardings
+from jspec.serving_layout import packed_param_shardings
+from jspec.sharding import kv_pages_spec, make_mesh
 from jspec.spec_config import parse_spec
 
 
@@ -73,7 +74,7 @@ def serve_plan(cfg, kind: str, mesh, *, slots: int, context: int, max_new: int, 
     params = abstract_target_params(cfg, stacked=default_stacked())
     params = aot.with_shardings(params, packed_param_shardings(mesh, params))
     drafter = abstract_drafter(kind, cfg, **({"vocab_size": draft_vocab} if draft_vocab else {}))
-    dparams = aot.with_shardings(nn.unbox(drafter.params), drafter_shardings(drafter, cfg, mesh))
+    dparams = aot.with_shardings(nn.unbox(drafter.params), drafter.shardings(cfg, mesh))
     spec = spec if spec is not None else drafter.default_spec
     S, N = drafter.module.tree_shape(spec)
     overshoot = max(N, drafter.module.cache_slots(spec)) + S + 1

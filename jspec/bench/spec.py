@@ -28,7 +28,6 @@ Part B (``--simulate E ...``): forced accept lengths against a cost model, see
 from __future__ import annotations
 
 import os
-import statistics
 from pathlib import Path
 from typing import Sequence
 
@@ -38,9 +37,11 @@ import numpy as np
 
 from jspec.bench import common
 from jspec.bench.plain import describe, load, make_prompts
+from jspec.bench.spec_simulate import SIM_COLUMNS, run_simulate, spec_shape
 from jspec.drafters import registry
 from jspec.spec_config import SpecConfig
 from jspec.target import Target
+from jspec.timing import round_robin, wall_s
 
 COLUMNS = ["drafter", "mode", "S,K,N", "compile s", "tokens/s", "accept len", "speedup",
            "same tokens"]
@@ -48,38 +49,12 @@ RANDOM_KINDS = registry.names(lambda k: k.needs_weights)
 
 
 # --------------------------------------------------------------------------- helpers
-def spec_shape(drafter, spec: SpecConfig | None) -> str:
-    """``"S,K,N"`` of what the driver will actually run for this drafter and knobs."""
-    spec = spec if spec is not None else drafter.default_spec
-    S, N = drafter.module.tree_shape(spec)
-    return f"{S},{spec.topk if spec is not None else '-'},{N}"     # '-': the drafter's own tree
-
-
 def variants(drafter) -> list[tuple[str, SpecConfig | None]]:
     """``[(mode, spec)]``: a chain and a tree per drafter (see the module docstring)."""
     default = drafter.default_spec
     tree = default if default is None or not default.is_chain else drafter.entry.mode(
         "default", drafter.module)
     return [("chain", drafter.entry.mode("chain", drafter.module)), ("tree", tree)]
-
-
-def _interleaved(calls: Sequence, repeats: int) -> list[tuple[float, float, object]]:
-    """``[(first wall_s, median wall_s, last result)]`` per zero-argument ``generate`` call.
-
-    Every call is warmed up (compiled) first; then the timed calls go round-robin, one of
-    each per round, so load from other processes on the machine hits all variants alike and
-    the speed-up ratios stay meaningful."""
-    firsts, lasts = [], []
-    for c in calls:
-        res = c()
-        firsts.append(res.wall_s)
-        lasts.append(res)
-    times = [[] for _ in calls]
-    for _ in range(max(1, repeats)):
-        for i, c in enumerate(calls):
-            lasts[i] = c()
-            times[i].append(lasts[i].wall_s)
-    return [(f, float(statistics.median(t)), r) for f, t, r in zip(firsts, times, lasts)]
 
 
 def generate_in_turn(target: Target, batches: Sequence[Sequence], **kw):
@@ -112,7 +87,7 @@ def make_random_drafter(kind: str, cfg, seed: int = 0):
 def load_checkpoint_drafters(paths: Sequence[str], target: Target) -> list:
     """Checkpoint directories, or any ``--drafter`` form the CLI takes (``ngram[:MIN:MAX]``,
     ``random:KIND``)."""
-    from jspec.cli import load_drafter_arg
+    from jspec.args import load_drafter_arg
     return [(os.path.basename(os.path.normpath(p)), load_drafter_arg(p, target)) for p in paths]
 
 
@@ -163,10 +138,10 @@ def run_spec(target: Target, batch: int = 1, new_tokens: int = 128, prompt_len: 
     cases = [(name, d, mode, spec) for name, d in drafters for mode, spec in variants(d)]
     if log:
         log(f"  {1 + len(cases)} variants: compiling, then {repeats} interleaved rounds")
-    timed = _interleaved([plain_call] + [gen(drafter=d, spec=spec) for _, d, _, spec in cases],
-                         repeats)
+    timed = round_robin([plain_call] + [gen(drafter=d, spec=spec) for _, d, _, spec in cases],
+                        repeats, seconds=wall_s)
 
-    _, med, res = timed[0]
+    med, res = timed[0].median, timed[0].result
     first = plain_first
     if res.tokens != plain_toks:
         raise RuntimeError("plain greedy decoding is not deterministic across calls")
@@ -174,7 +149,8 @@ def run_spec(target: Target, batch: int = 1, new_tokens: int = 128, prompt_len: 
     rows = [{"drafter": "plain", "mode": "-", "S,K,N": "-", "compile s": max(0.0, first - med),
              "tokens/s": plain_tps, "accept len": 1.0, "speedup": 1.0, "same tokens": True,
              "median s": med, "first s": first}]
-    for (name, d, mode, spec), (first, med, res) in zip(cases, timed[1:]):
+    for (name, d, mode, spec), t in zip(cases, timed[1:]):
+        first, med, res = t.first, t.median, t.result
         acc = float(np.mean([s["mean_accept_len"] for s in res.stats]))
         tps = total / med
         row = {"drafter": name, "mode": mode, "S,K,N": spec_shape(d, spec),
@@ -219,8 +195,6 @@ def main(args) -> dict:
                "batch": batch, "prompt len": args.prompt_len, "new tokens": args.new_tokens,
                "repeats": args.repeats, "columns": COLUMNS, "rows": rows}
     if args.simulate:
-        # spec_simulate imports this module, so it is imported here, once this one is loaded.
-        from jspec.bench.spec_simulate import SIM_COLUMNS, run_simulate
 
         vocab = args.sim_draft_vocab
         print(f"\npart B: forced accept length, {args.sim_drafter} (random weights, draft vocab "

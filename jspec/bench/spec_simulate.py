@@ -23,6 +23,7 @@ does), so background load affects them alike.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from typing import Sequence
 
@@ -32,9 +33,9 @@ import numpy as np
 
 from jspec.bench import forward
 from jspec.bench.plain import make_prompts
-from jspec.bench.spec import _interleaved, spec_shape
 from jspec.spec_config import SpecConfig
 from jspec.target import Target
+from jspec.timing import own_seconds, round_robin, wall_s
 
 SIM_COLUMNS = ["E", "S,K,N", "t_V/t_1", "c", "compile s", "tokens/s", "accept len", "speedup", "ideal",
                "measured/ideal"]
@@ -42,6 +43,13 @@ SIM_SPEC = SpecConfig(5, 4, 8)
 SIM_SPECS = (SpecConfig(5, 4, 8), SpecConfig.chain(4))
 SIM_DRAFT_STEPS = 5     # S: S-1 = 4 tree-loop steps + 1 extend per verify pass
 SIM_KIND, SIM_DRAFT_VOCAB = "eagle3", 8192
+
+
+def spec_shape(drafter, spec: SpecConfig | None) -> str:
+    """``"S,K,N"`` of what the driver will actually run for this drafter and knobs."""
+    spec = spec if spec is not None else drafter.default_spec
+    S, N = drafter.module.tree_shape(spec)
+    return f"{S},{spec.topk if spec is not None else '-'},{N}"     # '-': the drafter's own tree
 
 
 def _prepare(fn, params, tok, pos, cache) -> dict:
@@ -120,11 +128,10 @@ def micro_costs(target: Target, context: int, repeats: int = 20, page_size: int 
                                          W, page_size, seed))
         variants += [vV, vD]
         per_spec.append((sp, vV, vD))
-    for i in range(2 + repeats):          # two warm-up rounds
-        for v in variants:
-            dt = forward._call(v, v["params"])
-            if i >= 2:
-                v["times"].append(dt)
+    timed = round_robin([functools.partial(forward._call, v, v["params"]) for v in variants],
+                        repeats, warmup=2, seconds=own_seconds)
+    for v, t in zip(variants, timed):
+        v["times"] = t.times
     med = lambda v: 1000.0 * statistics.median(v["times"])
     t1 = med(v1)
     out = {"context": context, "batch": B, "t_1 ms": t1, "drafter": m.kind,
@@ -164,14 +171,15 @@ def run_simulate(target: Target, accepts: Sequence[float] = (2, 3, 4), new_token
         return lambda: jspec.generate(target, plist, max_new_tokens=new_tokens, stop_ids=[], **kw)
 
     cases = [(sp, E) for sp in specs for E in accepts if E <= sp.num_steps + 1]
-    timed = _interleaved([gen()] + [gen(drafter=d, spec=sp, forced_accept=float(E))
-                                    for sp, E in cases], repeats)
-    _, med, _ = timed[0]
+    timed = round_robin([gen()] + [gen(drafter=d, spec=sp, forced_accept=float(E))
+                                   for sp, E in cases], repeats, seconds=wall_s)
+    med = timed[0].median
     plain_tps = new_tokens / med
     costs["plain tokens/s"] = plain_tps
     costs["plain ms/token"] = 1000.0 * med / new_tokens
     rows = []
-    for (sp, E), (first, med, res) in zip(cases, timed[1:]):
+    for (sp, E), t in zip(cases, timed[1:]):
+        first, med, res = t.first, t.median, t.result
         tps = new_tokens / med
         shape = spec_shape(d, sp)
         c = costs["specs"][shape]

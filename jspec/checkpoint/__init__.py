@@ -15,7 +15,7 @@ from jspec.checkpoint.hf import (load_hf, load_hf_config, params_from_state_dict
 from jspec.checkpoint.llama2c import load_llama2c, read_header, save_llama2c
 from jspec.checkpoint.orbax_io import CONFIG_FILE, load_orbax, read_meta, save_orbax
 from jspec.config import LlamaConfig
-from jspec.target import Target
+from jspec.target import Target, shard_target
 from jspec.tokenizer import load_tokenizer
 
 __all__ = ["CheckpointError", "load_target", "load_config", "detect_format", "load_hf", "save_hf",
@@ -53,7 +53,6 @@ def load_target(path: str | os.PathLike, dtype=None, tokenizer: str | os.PathLik
     if fmt == "llama2c":
         target = load_llama2c(path, dtype, tokenizer=tokenizer, progress=progress)
         if mesh is not None:
-            from jspec.sharding import shard_target
             target = shard_target(target, mesh)
         return target
     target = (load_orbax if fmt == "orbax" else load_hf)(path, dtype, progress=progress, mesh=mesh)

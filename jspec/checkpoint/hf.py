@@ -22,7 +22,7 @@ from jspec.checkpoint.common import (CheckpointError, Progress, check_shape, exp
                                      flatten, no_progress, read_json, to_param, unflatten,
                                      with_dtype)
 from jspec.config import LlamaConfig
-from jspec.target import Target
+from jspec.target import Target, param_shardings
 from jspec.tokenizer import find_tokenizer, load_tokenizer
 
 # (HF tensor name, flax param path, transpose). HF Linear weights are [out, in]; flax
@@ -81,11 +81,10 @@ def params_from_state_dict(cfg: LlamaConfig,
 
 
 def sharded_params(cfg: LlamaConfig, tensors: "SafetensorsDir", mesh, progress=None):
-    """Flax params placed on ``mesh`` (:func:`jspec.sharding.param_shardings`), each device's
+    """Flax params placed on ``mesh`` (:func:`jspec.target.param_shardings`), each device's
     block read from the safetensors file by slice (``jax.make_array_from_callback``): a
     process reads only what its own devices hold, and the host holds one block at a time, so
     its peak memory stays near its share of the weights."""
-    from jspec.sharding import param_shardings
     shardings = flatten(param_shardings(cfg, mesh))
     shapes = expected_shapes(cfg)
     flat = {}

@@ -22,7 +22,7 @@ from jspec.checkpoint.common import (CheckpointError, Progress, check_shape, exp
                                      flatten, no_progress, path_str, read_json, to_param,
                                      unflatten, with_dtype)
 from jspec.config import LlamaConfig
-from jspec.target import Target
+from jspec.target import Target, param_shardings
 from jspec.tokenizer import load_tokenizer
 
 CONFIG_FILE = "jspec_config.json"
@@ -165,7 +165,6 @@ def load_orbax(path: str | os.PathLike, dtype=None, progress: Progress | None = 
     if extra:
         raise CheckpointError(f"checkpoint has tensors the config does not: {extra[:5]}")
     if mesh is not None:
-        from jspec.sharding import param_shardings
         sh = flatten(param_shardings(cfg, mesh))
         flat = restore_sharded(ckptr, pdir, {p: sh[p] for p in stored},
                                {p: cfg.dtype for p in stored})

@@ -52,12 +52,13 @@ from pathlib import Path
 
 from jspec.checkpoint.common import CheckpointError
 from jspec.config import LlamaConfig
-from jspec.drafters import Drafter, hf_io, orbax_format, registry, vocab
+from jspec.drafters import hf_io, orbax_format, registry, vocab
+from jspec.drafters.drafter import Drafter
 from jspec.drafters.hf_io import save_hf_drafter, state_dict_from_drafter
 from jspec.drafters.hf_layout import Tensors, dtype_name, read_config
 from jspec.drafters.orbax_format import CONFIG_FILE as DRAFTER_CONFIG_FILE
 from jspec.drafters.orbax_format import save_drafter
-from jspec.tree import calibration as _calibration
+from jspec.drafters import calibration as _calibration
 
 
 def _claimed(d: Path) -> registry.DrafterKind | None:
@@ -96,7 +97,7 @@ def load_drafter(path: str | os.PathLike, target_config, dtype=None, *, kind: st
     A ``jspec_calibration.json`` beside the weights (``python -m jspec.train calibrate``)
     is attached for ``SpecConfig(selection="calibrated")``, unless ``calibration=False``
     (the calibrate command itself, which replaces it). ``mesh``: parameters placed by
-    :func:`jspec.sharding.drafter_shardings` (a jspec Orbax drafter is restored straight into
+    :meth:`jspec.drafters.Drafter.shardings` (a jspec Orbax drafter is restored straight into
     them; HF layouts are read slice by slice into them).
     """
     drafter = _load_drafter(path, target_config, dtype, kind=kind, aux_layers=aux_layers,
@@ -140,8 +141,7 @@ def _load_drafter(path, target_config, dtype=None, *, kind=None, aux_layers=None
         module, params = hf_io.load_hf(d, cfg, target, dtype, kind, mesh, aux_layers=aux_layers)
     drafter = Drafter(module, params, source=str(d))
     if mesh is not None:          # what the reader did not place (the small maps) is replicated
-        from jspec.sharding import shard_drafter
-        drafter = shard_drafter(drafter, target, mesh)
+        drafter = drafter.placed(target, mesh)
     return drafter
 
 __all__ = ["load_drafter", "save_drafter", "save_hf_drafter", "detect_drafter_kind",

@@ -6,7 +6,7 @@ not a weak head. The peers' trackers show the usual causes: an aux-layer convent
 
 :func:`warn_if_collapsed` reads the first-step acceptance off a finished ``generate`` call's
 stats (free: ``generate`` calls it for drafters loaded from a checkpoint);
-:func:`check_acceptance` runs a short calibration for it.
+:func:`jspec.generate.check_acceptance` runs a short calibration for it.
 """
 
 from __future__ import annotations
@@ -65,11 +65,3 @@ def warn_if_collapsed(drafter, stats: Sequence[dict]) -> float | None:
                 "target's; only the speed-up is lost.", drafter.source, 100 * rate, iterations,
                 "; ".join(likely_causes(drafter)))
     return rate
-
-
-def check_acceptance(target, drafter, prompts, new_tokens: int = 48) -> float:
-    """Run a short greedy calibration on ``prompts`` and return the first-step acceptance
-    (warning as :func:`warn_if_collapsed` does, ``generate`` itself checks the same)."""
-    import jspec
-    res = jspec.generate(target, prompts, max_new_tokens=new_tokens, drafter=drafter)
-    return first_step_acceptance(res.stats)[0]

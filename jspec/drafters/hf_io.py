@@ -23,6 +23,7 @@ from jspec.checkpoint.common import CheckpointError, check_shape, flatten, path_
 from jspec.checkpoint.orbax_io import atomic_dir
 from jspec.config import LlamaConfig
 from jspec.drafters import registry
+from jspec.drafters.drafter import Drafter
 from jspec.drafters.hf_layout import Tensors
 
 PREFIXES = ("", "model.", "medusa_head.")
@@ -69,7 +70,6 @@ def load_hf(d: Path, cfg: dict, target: LlamaConfig, dtype: str, kind: str | Non
             mesh=None, **options):
     """``(module, params)`` of the HF drafter in ``d``; ``options`` go to the kind's reader
     (EAGLE-3's ``aux_layers``)."""
-    from jspec.drafters import Drafter
     with Tensors(d) as ts:
         entry = resolve_kind(cfg, ts, kind)
         given = {k: v for k, v in options.items() if v is not None}
@@ -91,8 +91,7 @@ def load_hf(d: Path, cfg: dict, target: LlamaConfig, dtype: str, kind: str | Non
             check_shape(ts.prefix + name, want, ts.shape(name))
         flat, sh = {}, None
         if mesh is not None:      # each device's block read by slice, as the target's
-            from jspec.sharding import drafter_shardings
-            sh = flatten(drafter_shardings(Drafter(module, unflatten(expected)), target, mesh))
+            sh = flatten(Drafter(module, unflatten(expected)).shardings(target, mesh))
         for name, p, t in table:
             dt = np.dtype(expected[p].dtype).name
             if sh is not None:

@@ -24,8 +24,9 @@ from jspec.checkpoint import orbax_io
 from jspec.checkpoint.orbax_io import atomic_dir, restore_numpy, restore_sharded, stored_tensors
 from jspec.config import LlamaConfig
 from jspec.drafters import registry
+from jspec.drafters.drafter import Drafter
 from jspec.drafters.hf_io import expected_params
-from jspec.tree import calibration
+from jspec.drafters import calibration
 
 CONFIG_FILE = "jspec_drafter.json"
 FORMAT = "jspec-drafter-orbax"
@@ -96,7 +97,6 @@ def _architecture(d: Path, meta: dict, dtype: str):
 
 def load_orbax(d: Path, target: LlamaConfig, dtype: str, mesh=None):
     """``(module, params)`` of the jspec drafter in ``d``."""
-    from jspec.drafters import Drafter
     d = d.absolute()
     meta = read_meta(d)
     module = _architecture(d, meta, dtype)
@@ -120,9 +120,8 @@ def load_orbax(d: Path, target: LlamaConfig, dtype: str, mesh=None):
     want = {p: np.dtype(expected[p].dtype if p in expected else np.int32) for p in stored}
     if mesh is not None:
         # Straight into the shardings its layers' logical axes give (jspec.sharding).
-        from jspec.sharding import drafter_shardings
         shapes = unflatten({p: jax.ShapeDtypeStruct(stored[p].shape, want[p]) for p in stored})
-        sh = flatten(drafter_shardings(Drafter(module, shapes), target, mesh))
+        sh = flatten(Drafter(module, shapes).shardings(target, mesh))
         params = unflatten(restore_sharded(ckptr, pdir, sh, want))
     else:
         raw = restore_numpy(ckptr, pdir, stored)

@@ -157,7 +157,7 @@ def cmd_calibrate(a):
     from jspec.drafters import load_drafter
     from jspec.train import calibrate as K
     from jspec.train import regen
-    from jspec.tree import calibration
+    from jspec.drafters import calibration
     target = jspec.load_target(a.target)
     drafter = load_drafter(a.drafter, target.config, calibration=False)
     seqs = regen.load_sequences(a.heldout_seqs)

@@ -17,6 +17,7 @@ import numpy as np
 
 from jspec.spec_config import SpecConfig
 from jspec.train.acceptance import TeacherForced, aux_layers_of, spec_name
+from jspec.drafters.calibration import attach
 from jspec.tree import calibration as C
 
 CALIBRATION_SPEC = SpecConfig(7, 8, 64)
@@ -152,7 +153,7 @@ def compare(target, drafter, model, seqs, *, stride: int = 2, specs=COMPARE_SPEC
     also end to end (greedy :func:`jspec.generate`, tokens per verify pass)."""
     from jspec.train.acceptance import e2e_accept
     tf = _teacher_forced(target, drafter, seqs, stride, max(s.num_steps for s in specs))
-    calibrated = C.attach(drafter, model)
+    calibrated = attach(drafter, model)
     rows = []
     for spec in specs:
         sources = [(drafter.kind, drafter, None)]

@@ -34,20 +34,17 @@ not depend on which nodes are drafted.
 The model is fitted on teacher-forced draft runs over held-out text
 (:mod:`jspec.train.calibrate`) and stored beside the drafter checkpoint as
 ``jspec_calibration.json`` (version 2; version 1, an isotonic table over (step, rank, q),
-is refused with the command that refits it), read back by :func:`jspec.drafters.load_drafter`.
+is refused with the command that refits it), read back by :func:`jspec.drafters.load_drafter`
+(its I/O, and attaching a model to a drafter, in :mod:`jspec.drafters.calibration`).
 """
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-FILENAME = "jspec_calibration.json"
 PARAM_KEY = "calibration"       # where a drafter's params carry the model for the draft loop
 VERSION = 2
 FEATURES = ("bias", "logq", "logq_rank0", "logq_rank1", "parent_rank0", "parent_later",
@@ -141,29 +138,7 @@ def node_scores(selection: str, logq: jax.Array, step, params, tokens=None, pare
     return jnp.where(jnp.isnan(logq), -jnp.inf, out)
 
 
-# ------------------------------------------------------------------ drafter plumbing
-def check(drafter, spec) -> None:
-    """Refuse ``selection="calibrated"`` where it cannot apply, before anything compiles: a
-    drafter without a dynamic tree, or without a calibration model."""
-    if spec is None or spec.selection == "eagle2":
-        return
-    if not drafter.module.has_pool:
-        from jspec.drafters import registry
-        pooled = registry.names(lambda k: getattr(k.module, "has_pool", False) is True)
-        raise CalibrationError(
-            f"selection={spec.selection!r} ranks the candidates of a dynamic (EAGLE-2) tree; a "
-            f"{drafter.kind} drafter drafts a fixed tree, without a candidate pool (kinds with "
-            f"one: {', '.join(pooled)})")
-    model = model_of(drafter)
-    if model is None:
-        raise CalibrationError(
-            "selection='calibrated' needs the drafter's calibration: run "
-            "`python -m jspec.train calibrate --target T --drafter D --heldout-seqs S` "
-            f"(writes D/{FILENAME}, which load_drafter reads) or attach one with "
-            "jspec.tree.calibration.attach")
-    validate(model, getattr(drafter.module, "target_vocab", None))
-
-
+# ------------------------------------------------------------------ the model a drafter carries
 KEYS = ("weights", "token_bias", "pair_bias")
 
 
@@ -190,65 +165,3 @@ def model_of(drafter):
     """The calibration model a drafter carries in its params, or None."""
     params = drafter.params
     return params.get(PARAM_KEY) if isinstance(params, dict) else None
-
-
-def attach(drafter, model):
-    """The drafter with ``model`` (``{"weights", "token_bias", "pair_bias"}``) in its params."""
-    from jspec.drafters import Drafter
-    validate(model, getattr(drafter.module, "target_vocab", None))
-    model = {k: jnp.asarray(v, jnp.float32) for k, v in model.items()}
-    return Drafter(drafter.module, {**drafter.params, PARAM_KEY: model}, source=drafter.source)
-
-
-# ------------------------------------------------------------------ storage
-def _sparse(v) -> dict:
-    v = np.asarray(v, np.float64).round(4)
-    ids = np.flatnonzero(v)
-    return {"size": int(v.size), "ids": ids.tolist(), "values": v[ids].tolist()}
-
-
-def _dense(doc: dict, path, name: str) -> np.ndarray:
-    ids, values = np.asarray(doc["ids"], np.int64), np.asarray(doc["values"], np.float32)
-    if ids.shape != values.shape or (ids.size and (ids.min() < 0 or ids.max() >= doc["size"])):
-        raise CalibrationError(f"{path}: {name} ids must lie in [0, {doc['size']}) and match "
-                               f"the values one for one")
-    out = np.zeros(int(doc["size"]), np.float32)
-    out[ids] = values
-    return out
-
-
-def save(drafter_dir, model, meta: dict | None = None) -> Path:
-    """Write ``drafter_dir/jspec_calibration.json`` atomically: the weights to 5 decimals,
-    the biases sparsely (the entries not 0 at 4 decimals)."""
-    validate(model)
-    path = Path(drafter_dir) / FILENAME
-    doc = {"format": "jspec-calibration", "version": VERSION, "features": list(FEATURES),
-           "weights": np.asarray(model["weights"], np.float64).round(5).tolist(),
-           "token_bias": _sparse(model["token_bias"]), "pair_bias": _sparse(model["pair_bias"]),
-           "meta": meta or {}}
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, path)
-    return path
-
-
-def load(drafter_dir) -> dict | None:
-    """The stored model (numpy arrays), or None when the drafter has none."""
-    path = Path(drafter_dir) / FILENAME
-    if not path.exists():
-        return None
-    doc = json.loads(path.read_text())
-    if doc.get("version") != VERSION:
-        raise CalibrationError(
-            f"{path}: calibration format version {doc.get('version')} (jspec reads version "
-            f"{VERSION}); refit it with `python -m jspec.train calibrate --drafter "
-            f"{Path(drafter_dir)} ...`")
-    if doc.get("features") != list(FEATURES):
-        raise CalibrationError(f"{path}: features {doc.get('features')}, expected {list(FEATURES)}")
-    model = {"weights": np.asarray(doc["weights"], np.float32),
-             "token_bias": _dense(doc["token_bias"], path, "token_bias"),
-             "pair_bias": _dense(doc["pair_bias"], path, "pair_bias")}
-    validate(model)
-    if not all(np.isfinite(v).all() for v in model.values()):
-        raise CalibrationError(f"{path}: non-finite calibration weights")
-    return model

@@ -16,6 +16,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     import jax
     from jspec import sharding
+    from jspec.target import shard_target
     from jspec.checkpoint import load_target
     from jspec.drafters import random_drafter
     from jspec.engine import Engine, Request
@@ -25,7 +26,7 @@ SCRIPT = textwrap.dedent("""
     reqs = [Request(c["prompt_token_ids"], n, stop_ids=[]) for c, n in zip(cases, [9, 20, 14, 5])]
     d = random_drafter("eagle3", target.config, jax.random.key(1))
     mesh = sharding.make_mesh(data=1, model=4)
-    placed = sharding.shard_target(target, mesh)
+    placed = shard_target(target, mesh)
     out = {}
     for name, dr in (("plain", None), ("eagle3", d)):
         ref = Engine(target, dr, slots=2, max_new_tokens=24).generate(reqs)
