@@ -48,7 +48,7 @@ TARGETS = {t.name: t for t in (Target("v5e", "tpu", "v5e:2x2"), Target("v6e", "t
                                Target("v5p", "tpu", "v5p:2x2x1"), Target("h200", "gpu", "1x1x1"))}
 INSTALL = {"tpu": "pip install -e '.[tpu-aot]'",
            "gpu": "pip install -e '.[gpu-aot]' (best in its own virtualenv, named by "
-                  f"{GPU_PYTHON_ENV}; see README)"}
+                  f"{GPU_PYTHON_ENV}; see docs/accelerators.md)"}
 
 
 # HBM per chip, by ``device_kind`` (published capacities; XLA:TPU's own limit for v5p read

@@ -80,6 +80,18 @@ def spec_from_args(args, drafter):
     return SpecConfig(S, K, N, selection or base.selection)
 
 
+def process_share(prompts, mesh):
+    """This process's rows of a multi-host run: an equal, contiguous share."""
+    import jax
+    if mesh is None:
+        raise ValueError("a multi-host run needs --mesh DATAxMODEL over all processes' devices")
+    n, p = len(prompts), jax.process_count()
+    if n % p:
+        raise ValueError(f"{n} prompts do not split over {p} processes")
+    i = jax.process_index()
+    return prompts[i * n // p:(i + 1) * n // p]
+
+
 def run_generate(args) -> int:
     from jspec import distributed
 
@@ -97,13 +109,7 @@ def run_generate(args) -> int:
     target = jspec.load_target(args.model, dtype=args.dtype, tokenizer=args.tokenizer, mesh=mesh)
     prompts = args.prompt if args.prompt is not None else args.prompt_ids
     if multi and jax.process_count() > 1:
-        if mesh is None:
-            raise ValueError("a multi-host run needs --mesh DATAxMODEL over all processes' devices")
-        n, p = len(prompts), jax.process_count()
-        if n % p:
-            raise ValueError(f"{n} prompts do not split over {p} processes")
-        i = jax.process_index()
-        prompts = prompts[i * n // p:(i + 1) * n // p]          # this process's rows
+        prompts = process_share(prompts, mesh)
     drafter = spec = None
     if args.drafter:
         drafter = load_drafter_arg(args.drafter, target)     # generate places it on the mesh
@@ -127,15 +133,21 @@ def run_generate(args) -> int:
         else:
             Path(args.output).write_text(json.dumps({"processes": 1, "tokens": res.tokens}))
     if args.json:
-        out = {"tokens": res.tokens, "text": res.text,
-               "stats": {"rows": res.stats, **res.summary(), "profile": res.profile}}
-        print(json.dumps(out))
+        print(json.dumps({"tokens": res.tokens, "text": res.text,
+                          "stats": {"rows": res.stats, **res.summary(),
+                                    "profile": res.profile}}))
         return 0
+    print_result(res, prompts if args.prompt is not None else None, drafter)
+    return 0
+
+
+def print_result(res, prompts, drafter) -> None:
+    """Each row's text (after its prompt, when ``prompts`` are text) or ids, then the speed,
+    accept length and time shares on stderr."""
     for r, toks in enumerate(res.tokens):
         head = f"[{r}] " if len(res.tokens) > 1 else ""
         if res.text is not None:
-            shown = prompts[r] + res.text[r] if args.prompt is not None else res.text[r]
-            print(head + shown)
+            print(head + (prompts[r] if prompts is not None else "") + res.text[r])
         else:
             print(head + " ".join(map(str, toks)))
     s = res.summary()
@@ -149,7 +161,6 @@ def run_generate(args) -> int:
         p = res.profile
         print(f"-- time shares: draft {p['draft_share']:.0%}, verify {p['verify_share']:.0%}, "
               f"other {p['other_share']:.0%}", file=sys.stderr)
-    return 0
 
 
 def stream_generate(args, target, prompts, drafter, spec) -> int:

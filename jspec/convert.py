@@ -86,8 +86,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def drafter_main(argv=None) -> int:
-    """``python -m jspec.convert drafter``: a drafter checkpoint to jspec Orbax or an HF layout."""
+def drafter_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m jspec.convert drafter",
         description="Convert a drafter checkpoint (HF EAGLE-1/EAGLE-3/Medusa/MTP or jspec Orbax) "
@@ -108,6 +107,12 @@ def drafter_main(argv=None) -> int:
                     help="the source's layout (default: detected)")
     ap.add_argument("--dtype", default=None, help="parameter dtype (default: the target's)")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing DST")
+    return ap
+
+
+def drafter_main(argv=None) -> int:
+    """``python -m jspec.convert drafter``: a drafter checkpoint to jspec Orbax or an HF layout."""
+    ap = drafter_parser()
     a = ap.parse_args(argv)
     if a.layout is not None and a.to != "hf":
         ap.error("--layout applies to --to hf")

@@ -36,6 +36,7 @@ from typing import Callable
 import jax
 
 from jspec.shipped import default_model, shipped_drafters
+from jspec.timing import round_robin, wall_s
 FIRST_CHAIN = 4           # round 1's chain length: deep enough to see how acceptance decays
 CALIBRATION_PROMPTS = 3
 # The shipped model's most Python-like greedy text starts here (checkpoints/README.md).
@@ -234,12 +235,29 @@ def calibration_prompts(drafters_dir: Path, demo_prompt: str) -> list[str]:
 
 
 def timed_pair(gen, drafter, spec, prompt, n, repeats):
-    """Warm plain and speculative calls, interleaved; the best of ``repeats`` of each."""
-    plain, fast = [], []
-    for _ in range(repeats):
-        plain.append(gen([prompt], max_new_tokens=n))
-        fast.append(gen([prompt], max_new_tokens=n, drafter=drafter, spec=spec))
-    return min(plain, key=lambda r: r.wall_s), min(fast, key=lambda r: r.wall_s)
+    """Plain and speculative calls on ``prompt`` (compiled already), timed round-robin
+    (:func:`jspec.timing.round_robin`, one untimed pass, each call's own ``wall_s``)."""
+    return round_robin([lambda: gen([prompt], max_new_tokens=n),
+                        lambda: gen([prompt], max_new_tokens=n, drafter=drafter, spec=spec)],
+                       repeats, seconds=wall_s)
+
+
+def report(show, plain, fast, repeats: int) -> None:
+    """The speculative text, its accept length, both speeds (the best of ``repeats``) and
+    whether its tokens are plain decoding's (an error if not)."""
+    res, same = fast.result, fast.result.tokens == plain.result.tokens
+    print(f"\n{show(res)}\n")
+    st = res.stats[0]
+    print(f"mean accept length:   {st['mean_accept_len']:.2f} tokens per verify pass "
+          f"({st['iterations']} passes for {st['new_tokens']} tokens)")
+    for name, t in (("plain decoding:      ", plain), ("speculative decoding:", fast)):
+        k = len(t.result.tokens[0])
+        print(f"{name} {k / t.best:7.1f} tok/s ({k} tokens in {t.best:.3f}s, warm, best of "
+              f"{repeats})")
+    print(f"speedup:              {plain.best / fast.best:.2f}x")
+    print(f"tokens identical to plain decoding: {'yes' if same else 'NO'}")
+    if not same:
+        raise RuntimeError("speculative greedy tokens differ from plain decoding")
 
 
 def run(model: str | None, prompt: str | None, n: int, *, recalibrate: bool = False,
@@ -291,22 +309,7 @@ def run(model: str | None, prompt: str | None, n: int, *, recalibrate: bool = Fa
     # bucket compiles here).
     for label, kw in (("plain", {}), (pick.label, picked)):
         _first_call(f"{label}, demo prompt", lambda: gen([prompt], max_new_tokens=n, **kw))
-    plain, fast = timed_pair(gen, drafter, spec, prompt, n, repeats)
-    same = fast.tokens == plain.tokens
-    print()
-    print(show(fast))
-    print()
-    st = fast.stats[0]
-    print(f"mean accept length:   {st['mean_accept_len']:.2f} tokens per verify pass "
-          f"({st['iterations']} passes for {st['new_tokens']} tokens)")
-    print(f"plain decoding:       {plain.tokens_per_s:7.1f} tok/s ({len(plain.tokens[0])} tokens "
-          f"in {plain.wall_s:.3f}s, warm, best of {repeats})")
-    print(f"speculative decoding: {fast.tokens_per_s:7.1f} tok/s ({len(fast.tokens[0])} tokens "
-          f"in {fast.wall_s:.3f}s, warm, best of {repeats})")
-    print(f"speedup:              {plain.wall_s / fast.wall_s:.2f}x")
-    print(f"tokens identical to plain decoding: {'yes' if same else 'NO'}")
-    if not same:
-        raise RuntimeError("speculative greedy tokens differ from plain decoding")
+    report(show, *timed_pair(gen, drafter, spec, prompt, n, repeats), repeats)
     return 0
 
 

@@ -310,6 +310,16 @@ _PROBED: dict = {}          # (backend, shape key) -> None (compiled) or the err
 _PROBE_LOCK = threading.Lock()
 
 
+def probes(forget: bool = False) -> dict:
+    """``"auto"``'s compile probes so far, ``(backend, shape key)`` -> None (compiled) or the
+    error text; ``forget``: drop them too (each shape probes again on its next resolve)."""
+    with _PROBE_LOCK:
+        out = dict(_PROBED)
+        if forget:
+            _PROBED.clear()
+        return out
+
+
 def resolve(mode: str, config, *, page_size: int = 16, num_nodes: int = 1,
             max_depth: int | None = None, greedy: bool = True, batch: int = 1,
             max_pages: int | None = None, num_pages: int | None = None, mesh=None) -> str:

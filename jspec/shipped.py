@@ -38,7 +38,7 @@ def default_model() -> Path:
     raise FileNotFoundError(
         f"no default model: none of {', '.join(str(r) for r in roots())} holds "
         f"default/target. Set {ENV}=DIR (a copy of the repository's checkpoints/) or pass "
-        "--model PATH (see README: 'Getting a model').")
+        "--model PATH (see docs/models.md).")
 
 
 def shipped_drafters(model_path: Path) -> dict[str, Path]:

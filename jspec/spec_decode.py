@@ -81,7 +81,10 @@ class SpecDecoder:
     num_pages: int
     forced_accept: float = 0.0       # > 0: benchmark mode, force this mean accept length
     mesh: Any = None
-    kernels: str = "reference"       # see jspec.kernels
+    # See jspec.kernels. One attention implementation for the target and the drafter: the
+    # drafter's calls get it as kernels= (its committed blocks are square windows the
+    # tree-attention kernel serves; its tree loop's wider window stays on XLA).
+    kernels: str = "reference"
     # Sampling by position-keyed draws (the serving engine): each node's target token is
     # drawn with the key of the output position it decides, fold_in(row key, position), the
     # draw plain decoding makes there, and the walk keeps drafts equal to those draws. The
@@ -89,14 +92,6 @@ class SpecDecoder:
     # the neighbours, and it accepts as often as tree rejection sampling for the
     # deterministic (top-K) drafts every kind makes: P(some child kept) = sum of p(children).
     coupled: bool = False
-
-    def __post_init__(self):
-        # One attention implementation for the target and the drafter: a drafter with an
-        # attention layer runs the decoder's mode (its committed blocks are square windows the
-        # tree-attention kernel serves; its tree loop's wider window stays on XLA).
-        d = self.drafter
-        if getattr(d, "attention", self.kernels) != self.kernels:
-            object.__setattr__(self, "drafter", dataclasses.replace(d, attention=self.kernels))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -138,7 +133,7 @@ class SpecDecoder:
         nxt = jnp.where(pos == (prompt_lens - 1)[:, None], first[:, None], nxt)
         d = self.drafter
         dstate = d.prefill(dparams, (c, params), dstate, d.features(hidden, aux, prompt), nxt,
-                           prompt_lens)
+                           prompt_lens, kernels=self.kernels)
         return (cache.replace(lengths=prompt_lens.astype(jnp.int32)), dstate, first, row_keys,
                 finite_rows(logits))
 
@@ -232,7 +227,8 @@ class SpecDecoder:
         return emit_block(s, toks, n, stop_ids, max_new, next_slots=N, finite=finite)
 
     def draft_phase(self, params, dparams, s: SpecState):
-        return self.drafter.propose(dparams, (self.config, params), s.draft, s.root, self.spec)
+        return self.drafter.propose(dparams, (self.config, params), s.draft, s.root, self.spec,
+                                    kernels=self.kernels)
 
     def finish_phase(self, params, dparams, s: SpecState, tree, logits, feats, cache, stop_ids,
                      max_new) -> SpecState:
@@ -254,7 +250,7 @@ class SpecDecoder:
                                                contiguous=N == S + 1 or bool(self.forced_accept))
         with jax.named_scope("extend"):
             dstate = self.drafter.extend(dparams, (self.config, params), s.draft, acc_feats,
-                                         toks, n)
+                                         toks, n, kernels=self.kernels)
         hist = s.accept_hist.at[jnp.arange(toks.shape[0]), n].add(live.astype(jnp.int32))
         s = s.replace(cache=cache, draft=dstate, root=jnp.where(live, bonus, s.root),
                       iterations=s.iterations + live.astype(jnp.int32), accept_hist=hist)

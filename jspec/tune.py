@@ -44,12 +44,12 @@ import numpy as np
 from jspec.spec_config import (CALIBRATED_SUFFIX, SpecConfig, SpecConfigError,  # noqa: F401
                                 parse_spec as parse_shape, spec_label as shape)
 from jspec.timing import round_robin, wall_s
+# The cost model is this module's API too (jspec.tune.Costs, ...).
+from jspec.tune_costs import (COST_NODES, COST_TOPK, Costs, fit_overhead,  # noqa: F401
+                              measure_costs, overhead_from_run)
 from jspec.tune_store import device_kind
 
 log = logging.getLogger("jspec")
-
-COST_NODES = (2, 4, 8, 16, 32, 64)      # t_V(N) is measured here, linearly interpolated between
-COST_TOPK = (1, 2, 4, 8)                # step(K) is measured for these K
 
 
 def default_grid(max_depth: int = 7, selections: Sequence[str] = ("eagle2",)) -> list[SpecConfig]:
@@ -78,77 +78,6 @@ def selections_for(drafter) -> tuple[str, ...]:
     return ("eagle2", "calibrated") if model_of(drafter) is not None else ("eagle2",)
 
 
-# --------------------------------------------------------------------------- costs
-@dataclasses.dataclass
-class Costs:
-    """Milliseconds at ``batch`` rows: ``t1``; ``tv[N]``; ``step[K]``; ``overhead`` per
-    iteration (fitted, see :func:`fit_overhead`)."""
-    batch: int
-    t1: float
-    tv: dict[int, float]
-    step: dict[int, float]
-    overhead: float = 0.0
-    scale: float = 1.0       # in-loop time / isolated micro-benchmark time (see fit_overhead)
-
-    def t_verify(self, N: int) -> float:
-        ns = sorted(self.tv)
-        return float(np.interp(N, ns, [self.tv[n] for n in ns]))
-
-    def t_step(self, K: int) -> float:
-        ks = sorted(self.step)
-        return float(np.interp(K, ks, [self.step[k] for k in ks]))
-
-    def steps_ms(self, spec: SpecConfig) -> float:
-        """The modelled steps of one iteration, unscaled: a verify and S drafter steps."""
-        return self.t_verify(spec.num_draft_tokens) + spec.num_steps * self.t_step(spec.topk)
-
-    def iteration_ms(self, spec: SpecConfig) -> float:
-        return self.scale * self.steps_ms(spec) + self.overhead
-
-    def as_dict(self) -> dict:
-        return {"batch": self.batch, "t_1 ms": self.t1,
-                "t_V/t_1": {n: v / self.t1 for n, v in sorted(self.tv.items())},
-                "c(K)": {k: v / self.t1 for k, v in sorted(self.step.items())},
-                "overhead/t_1": self.overhead / self.t1, "scale": self.scale}
-
-    @classmethod
-    def from_dict(cls, c: dict) -> "Costs":
-        """Inverse of :meth:`as_dict` (JSON turns the N and K keys into strings)."""
-        t1 = c["t_1 ms"]
-        return cls(c["batch"], t1, {int(n): v * t1 for n, v in c["t_V/t_1"].items()},
-                   {int(k): v * t1 for k, v in c["c(K)"].items()}, c["overhead/t_1"] * t1,
-                   c.get("scale", 1.0))
-
-
-def measure_costs(target, drafter, context: int, batch: int = 1, repeats: int = 10,
-                  nodes: Sequence[int] = COST_NODES, topk: Sequence[int] = COST_TOPK) -> Costs:
-    """Time ``t_1``, ``t_V(N)`` and ``step(K)`` against a cache of ``context`` positions (see
-    :func:`jspec.bench.spec.micro_costs`: random cache contents, every variant timed in
-    turn, call by call). t_V(N) comes from chains of N nodes, step(K) from 3-step trees."""
-    from jspec.bench.spec_simulate import micro_costs
-    probes = [SpecConfig.chain(n - 1) for n in nodes]
-    probes += [SpecConfig(3, k, 2 * k + 1) for k in topk if k > 1]
-    m = micro_costs(target, context, repeats, specs=probes, drafter=drafter, batch=batch)
-    tv, steps = {}, {}
-    for sp in probes:
-        r = m["specs"][shape(sp)]
-        if sp.is_chain:
-            tv[sp.num_draft_tokens] = r["t_V ms"]
-        steps.setdefault(sp.topk, []).append(r["draft step ms"])
-    return Costs(batch, m["t_1 ms"], tv, {k: float(np.median(v)) for k, v in steps.items()})
-
-
-def fit_overhead(costs: Costs, spec: SpecConfig, wall_ms_per_iteration: float) -> Costs:
-    """Fit the model to one measured run: the time spent outside the modelled verify and
-    draft steps becomes ``overhead``; a run faster than the model (the steps cost less inside
-    the compiled loop than timed alone: 0.6x on this CPU) scales the steps instead."""
-    model = costs.steps_ms(spec)
-    if wall_ms_per_iteration >= model:
-        return dataclasses.replace(costs, overhead=wall_ms_per_iteration - model, scale=1.0)
-    return dataclasses.replace(costs, overhead=0.0, scale=wall_ms_per_iteration / model)
-
-
-# --------------------------------------------------------------------------- acceptance
 def calibration_sequences(target, prompts, new_tokens: int) -> tuple[list[np.ndarray], list[int]]:
     """The prompts (token ids) followed by the target's greedy continuation of each, and the
     prompt lengths (where drafting starts)."""
@@ -275,6 +204,44 @@ class TuneResult:
                                               for r in timed]))}
 
 
+def tune_grid(drafter, grid, num_prompts: int, batch: int) -> tuple[list, SpecConfig | None]:
+    """The shapes to consider (the default grid unless given, with the drafter's default
+    added) and that default; refuses a drafter without a candidate pool or too few prompts."""
+    if not drafter.module.has_pool:
+        raise ValueError(f"tune picks EAGLE-2 trees and chains for drafters that draft a "
+                         f"candidate pool; a {drafter.kind} drafter does not")
+    if num_prompts < batch:
+        raise ValueError(f"tune needs at least batch={batch} prompts, got {num_prompts}")
+    grid = list(grid or default_grid(selections=selections_for(drafter)))
+    default = drafter.default_spec
+    if default is not None and shape(default) not in {shape(g) for g in grid}:
+        grid.append(default)
+    return grid, default
+
+
+def shortlist(rows: list[dict], confirm: int, exhaustive: bool, default) -> list[dict]:
+    """The rows to time end to end: all (``exhaustive``), else the ``confirm`` best predicted
+    and the drafter's default shape."""
+    timed = rows if exhaustive else rows[:confirm]
+    if not exhaustive and default is not None and all(r["spec"] != default for r in timed):
+        timed = timed + [next(r for r in rows if r["spec"] == default)]
+    return timed
+
+
+def time_end_to_end(timed: list[dict], gen, drafter, repeats: int, made: int) -> float:
+    """Plain decoding and each row's shape timed round-robin (:func:`jspec.timing.round_robin`);
+    each row gets its measured tokens/s, speedup and accept length. Returns plain tokens/s."""
+    results = round_robin([gen()] + [gen(drafter=drafter, spec=r["spec"]) for r in timed],
+                          repeats, seconds=wall_s)
+    plain_tps = made / results[0].median
+    for r, t in zip(timed, results[1:]):
+        r["tok/s meas"] = made / t.median
+        r["speedup meas"] = r["tok/s meas"] / plain_tps
+        h = np.sum([s["accept_hist"] for s in t.result.stats], axis=0)
+        r["E meas"] = float((h * np.arange(len(h))).sum() / max(1, h.sum()))
+    return plain_tps
+
+
 def tune(target, drafter, prompts, *, batch: int = 1, new_tokens: int = 64,
          grid: Sequence[SpecConfig] | None = None, confirm: int = 3, exhaustive: bool = False,
          repeats: int = 2, cost_repeats: int = 10, calib_tokens: int | None = None,
@@ -287,15 +254,7 @@ def tune(target, drafter, prompts, *, batch: int = 1, new_tokens: int = 64,
     runs use the first ``batch`` of them, the calibration all of them."""
     from jspec.bench.spec import generate_in_turn
 
-    if not drafter.module.has_pool:
-        raise ValueError(f"tune picks EAGLE-2 trees and chains for drafters that draft a "
-                         f"candidate pool; a {drafter.kind} drafter does not")
-    grid = list(grid or default_grid(selections=selections_for(drafter)))
-    if len(prompts) < batch:
-        raise ValueError(f"tune needs at least batch={batch} prompts, got {len(prompts)}")
-    default = drafter.default_spec
-    if default is not None and shape(default) not in {shape(g) for g in grid}:
-        grid.append(default)
+    grid, default = tune_grid(drafter, grid, len(prompts), batch)
     t0 = time.perf_counter()
     ids = _prompt_ids(target, prompts)
     context = max(len(p) for p in ids) + new_tokens
@@ -323,12 +282,7 @@ def tune(target, drafter, prompts, *, batch: int = 1, new_tokens: int = 64,
 
     # The overhead: one timed run of the reference shape against its modelled parts.
     ref = default if default is not None else grid[0]
-    ref_run, = round_robin([gen(drafter=drafter, spec=ref)], 1, seconds=wall_s)
-    med, res = ref_run.median, ref_run.result
-    # A chunk's loop runs until its slowest row is done.
-    iters = sum(max(s["iterations"] for s in res.stats[i:i + batch])
-                for i in range(0, len(res.stats), batch))
-    costs = fit_overhead(costs, ref, 1000.0 * med / iters)
+    costs = overhead_from_run(costs, ref, gen(drafter=drafter, spec=ref), batch)
 
     rows = []
     for sp in grid:
@@ -336,20 +290,9 @@ def tune(target, drafter, prompts, *, batch: int = 1, new_tokens: int = 64,
         rows.append({"S,K,N": shape(sp), "spec": sp, "E pred": e,
                      "tok/s pred": 1000.0 * batch * e / costs.iteration_ms(sp)})
     rows.sort(key=lambda r: -r["tok/s pred"])
-    timed = rows if exhaustive else rows[:confirm]
-    if not exhaustive and default is not None and all(r["spec"] != default for r in timed):
-        timed = timed + [next(r for r in rows if r["spec"] == default)]
+    timed = shortlist(rows, confirm, exhaustive, default)
     progress(f"timing {len(timed)} shapes end to end (and plain decoding), interleaved ...")
-    results = round_robin([gen()] + [gen(drafter=drafter, spec=r["spec"]) for r in timed],
-                          repeats, seconds=wall_s)
-    made = len(chunks) * batch * new_tokens
-    plain_tps = made / results[0].median
-    for r, t in zip(timed, results[1:]):
-        res = t.result
-        r["tok/s meas"] = made / t.median
-        r["speedup meas"] = r["tok/s meas"] / plain_tps
-        h = np.sum([s["accept_hist"] for s in res.stats], axis=0)
-        r["E meas"] = float((h * np.arange(len(h))).sum() / max(1, h.sum()))
+    plain_tps = time_end_to_end(timed, gen, drafter, repeats, len(chunks) * batch * new_tokens)
     best = max(timed, key=lambda r: r["tok/s meas"])
     progress(f"tuned in {time.perf_counter() - t0:.0f} s: pick ({best['S,K,N']}), "
              f"{best['tok/s meas']:.1f} tok/s, {best['speedup meas']:.2f}x plain")

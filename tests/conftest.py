@@ -22,7 +22,7 @@ def pytest_configure(config):
     # XLA:CPU's fusion emitters take about 40% of a speculative program's compile (6.1 s -> 3.6 s
     # for a stories260K EAGLE-3 generate, measured); the legacy emitters fuse a little
     # differently, which only the anatomy budgets see, and that test compiles with the
-    # default options (jspec.bench.anatomy.DEFAULT_CPU_OPTIONS).
+    # default options (benchmarks.anatomy.DEFAULT_CPU_OPTIONS).
     if not os.environ.get("JSPEC_TEST_FULL_OPT"):
         fast = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
                 "--xla_cpu_use_fusion_emitters=false")

@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmarks: timing, table printing, random weights, HF twins.
+"""Helpers shared by the benchmarks: their common flags, table printing, random weights, the
+jitted target forward they time, HF twins.
 
 The HF helpers build a transformers ``LlamaForCausalLM`` holding exactly the weights of a
 jspec parameter tree (fp32), so a benchmark can run both implementations on the same model.
@@ -6,9 +7,11 @@ jspec parameter tree (fp32), so a benchmark can run both implementations on the 
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import time
 from typing import Callable, Sequence
 
 import flax.linen as nn
@@ -18,7 +21,21 @@ import numpy as np
 
 from jspec import kv_cache as kvc
 from jspec.config import LlamaConfig
-from jspec.llama import Llama
+from jspec.llama import Llama, forward, logits as lm_logits
+from jspec.serving_layout import pack_params
+
+
+# --------------------------------------------------------------------------- flags
+def add_common_args(s: argparse.ArgumentParser, default_batch, default_repeats) -> None:
+    """The flags ``plain``, ``spec`` and ``forward`` share."""
+    s.add_argument("--random-config", metavar="NAME",
+                   help="a named random config from jspec.bench.configs (tiny, 100m)")
+    s.add_argument("--batch", type=int, nargs="+", default=default_batch)
+    s.add_argument("--repeats", type=int, default=default_repeats,
+                   help="timed calls after warm-up (the median is reported)")
+    s.add_argument("--dtype", default="float32")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--json", metavar="OUT", help="also write the rows as JSON")
 
 
 # --------------------------------------------------------------------------- timing (jspec.timing)
@@ -124,6 +141,46 @@ def params_to_hf_state_dict(cfg: LlamaConfig, params) -> dict[str, np.ndarray]:
     return {k: np.ascontiguousarray(v) for k, v in sd.items()}
 
 
+# --------------------------------------------------------------------------- a timed target forward
+def step_fn(cfg: LlamaConfig, block_mask=None):
+    """A jitted target forward + logits over packed params (pass them packed: packing
+    inside would copy the weights on every call)."""
+    def step(params, tokens, positions, cache):
+        params = pack_params(cfg, params)
+        mask = None if block_mask is None else jnp.broadcast_to(
+            block_mask, (tokens.shape[0],) + block_mask.shape[1:])
+        hidden, _, cache = forward(cfg, params, tokens, positions, cache, block_mask=mask)
+        return lm_logits(cfg, params, hidden), cache          # [B, T, V]
+    return jax.jit(step, donate_argnums=(3,))
+
+
+def make_cache(cfg: LlamaConfig, batch: int, context: int, block: int, page_size: int = 16,
+               seed: int = 0) -> kvc.PagedKVCache:
+    """A cache holding ``context`` committed positions per row (random contents) and room
+    for ``block`` more."""
+    max_len = context + block
+    max_pages = kvc.pages_needed(max_len, page_size)
+    num_pages = batch * max_pages
+    table = kvc.allocate_page_table([max_len] * batch, page_size, num_pages, max_pages)
+    cache = kvc.init_cache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, table, num_pages,
+                           page_size, cfg.dtype)
+    kk, kv = jax.random.split(jax.random.key(seed))
+    shape, dt = cache.k_pages.shape, cache.k_pages.dtype
+    return cache.replace(k_pages=jax.random.normal(kk, shape, dt),
+                         v_pages=jax.random.normal(kv, shape, dt),
+                         lengths=jnp.full((batch,), context, jnp.int32))
+
+
+def timed_call(v: dict, params) -> float:
+    """One call of a prepared variant (``compiled``, ``tok``, ``pos``, ``cache``; the cache
+    is donated and threaded back): its own seconds, for ``round_robin(seconds=own_seconds)``."""
+    t0 = time.perf_counter()
+    logits, v["cache"] = v["compiled"](params, v["tok"], v["pos"], v["cache"])
+    jax.block_until_ready((logits, v["cache"]))
+    v["logits_shape"] = logits.shape
+    return time.perf_counter() - t0
+
+
 # --------------------------------------------------------------------------- HF twin
 def hf_available() -> bool:
     try:
@@ -134,7 +191,7 @@ def hf_available() -> bool:
         return False
 
 
-def _disable_eos(model) -> None:
+def disable_eos(model) -> None:
     # No EOS anywhere: HF then neither stops early nor masks EOS for min_new_tokens, so its
     # greedy choice is the plain argmax, like jspec with stop_ids=[].
     model.generation_config.eos_token_id = None
@@ -154,7 +211,7 @@ def hf_model_from_params(cfg: LlamaConfig, params):
     missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         raise RuntimeError(f"HF state dict mismatch: missing {missing}, unexpected {unexpected}")
-    _disable_eos(model)
+    disable_eos(model)
     return model
 
 
@@ -162,7 +219,7 @@ def hf_model_from_dir(path: str):
     import torch
     import transformers
     model = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    _disable_eos(model)
+    disable_eos(model)
     return model
 
 

@@ -16,6 +16,7 @@ Columns:
 
 from __future__ import annotations
 
+import argparse
 import os
 from typing import Sequence
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from jspec.bench import common
 from jspec.bench.configs import random_config
+from jspec.bench.registry import Command
 from jspec.target import Target
 from jspec.timing import round_robin, wall_s
 
@@ -114,7 +116,22 @@ def describe(target: Target, source: str) -> str:
             f"{jax.devices()[0].platform} ({os.cpu_count()} CPUs, load avg {common.load_avg()})")
 
 
+def add_args(s) -> None:
+    s.add_argument("--model", metavar="PATH",
+                   help="HF directory, jspec Orbax directory or llama2.c .bin")
+    common.add_common_args(s, [1, 8], 3)
+    s.add_argument("--new-tokens", type=int, default=256)
+    s.add_argument("--prompt-len", type=int, default=32)
+    s.add_argument("--hf", action=argparse.BooleanOptionalAction, default=None,
+                   help="run transformers' greedy generate on the same weights "
+                        "(default: when torch and transformers are importable)")
+
+
 def main(args) -> list[dict]:
+    if args.model is None and args.random_config is None:
+        args.random_config = "tiny"
+    if args.model is not None and args.random_config is not None:
+        raise SystemExit("pass --model or --random-config, not both")
     target, source = load(args.model, args.random_config, args.dtype, args.seed)
     want_hf = args.hf
     if want_hf is None:
@@ -137,3 +154,6 @@ def main(args) -> list[dict]:
                                       "description": describe(target, source),
                                       "columns": COLUMNS, "rows": rows})
     return rows
+
+
+COMMAND = Command("plain", "end-to-end greedy generation, jspec vs transformers", add_args, main)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jspec.bench.registry import Command
 from jspec.engine import Engine, Request
 from jspec.engine.policy import mode_label, parse_mode
 from jspec.engine.tuning import best_rates, full_rounds
@@ -184,3 +185,7 @@ def main(args) -> dict:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return result
+
+
+COMMAND = Command("serve", "a skewed stream of requests: generate in batches vs the engine (plain, "
+                           "fixed spec, pick per occupancy)", add_args, main)

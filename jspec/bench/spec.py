@@ -37,6 +37,7 @@ import numpy as np
 
 from jspec.bench import common
 from jspec.bench.plain import describe, load, make_prompts
+from jspec.bench.registry import Command
 from jspec.bench.spec_simulate import SIM_COLUMNS, run_simulate, spec_shape
 from jspec.drafters import registry
 from jspec.spec_config import SpecConfig
@@ -92,6 +93,21 @@ def load_checkpoint_drafters(paths: Sequence[str], target: Target) -> list:
 
 
 # --------------------------------------------------------------------------- part A
+def spec_cases(target: Target, kinds: Sequence[str], drafter_paths: Sequence[str], seed: int,
+               oracle_fut=None) -> list[tuple]:
+    """``(name, drafter, mode, spec)`` of every drafter, each as chain and tree: the random
+    ``kinds``, the oracle when given its future, the checkpoints at ``drafter_paths``."""
+    from jspec.drafters import Drafter, Oracle
+
+    cfg = target.config
+    drafters = [(k, make_random_drafter(k, cfg, seed)) for k in kinds]
+    if oracle_fut is not None:
+        drafters.append(("oracle", Drafter(Oracle(cfg.vocab_size),
+                                           {"future": jnp.asarray(oracle_fut)})))
+    drafters += load_checkpoint_drafters(drafter_paths, target)
+    return [(name, d, mode, spec) for name, d in drafters for mode, spec in variants(d)]
+
+
 def run_spec(target: Target, batch: int = 1, new_tokens: int = 128, prompt_len: int = 32,
              repeats: int = 3, drafter_paths: Sequence[str] = (), kinds: Sequence[str] = RANDOM_KINDS,
              oracle: bool = True, seed: int = 0, text_prompts: Sequence[str] | None = None,
@@ -101,7 +117,6 @@ def run_spec(target: Target, batch: int = 1, new_tokens: int = 128, prompt_len: 
     ``text_prompts``: run these (tokenized, batch 1 each, one after another) instead of
     ``batch`` random-token prompts."""
     import jspec
-    from jspec.drafters import Drafter, Oracle
 
     cfg = target.config
     if text_prompts:
@@ -129,13 +144,8 @@ def run_spec(target: Target, batch: int = 1, new_tokens: int = 128, prompt_len: 
     if any(len(t) != new_tokens for t in plain_toks):
         raise RuntimeError(f"plain produced {[len(t) for t in plain_toks]} tokens, expected {new_tokens}")
 
-    drafters = [(k, make_random_drafter(k, cfg, seed)) for k in kinds]
-    if oracle:
-        width = prompt_len + new_tokens + 16
-        fut = oracle_future(prompts, plain_toks, width)
-        drafters.append(("oracle", Drafter(Oracle(cfg.vocab_size), {"future": jnp.asarray(fut)})))
-    drafters += load_checkpoint_drafters(drafter_paths, target)
-    cases = [(name, d, mode, spec) for name, d in drafters for mode, spec in variants(d)]
+    fut = oracle_future(prompts, plain_toks, prompt_len + new_tokens + 16) if oracle else None
+    cases = spec_cases(target, kinds, drafter_paths, seed, fut)
     if log:
         log(f"  {1 + len(cases)} variants: compiling, then {repeats} interleaved rounds")
     timed = round_robin([plain_call] + [gen(drafter=d, spec=spec) for _, d, _, spec in cases],
@@ -165,7 +175,45 @@ def run_spec(target: Target, batch: int = 1, new_tokens: int = 128, prompt_len: 
 
 
 # --------------------------------------------------------------------------- CLI
+def add_args(s) -> None:
+    s.add_argument("--model", metavar="PATH",
+                   help="HF directory, jspec Orbax directory or llama2.c .bin")
+    common.add_common_args(s, [1], 3)
+    s.add_argument("--new-tokens", type=int, default=128)
+    s.add_argument("--prompt-len", type=int, default=32)
+    s.add_argument("--drafter", metavar="PATH", nargs="+", default=[],
+                   help="drafter checkpoints (jspec Orbax or HF EAGLE/EAGLE-3/Medusa/MTP layouts), "
+                        "or ngram[:MIN_N:MAX_N] (prompt lookup)")
+    s.add_argument("--kinds", nargs="*", default=None,
+                   help="random-weight drafters to run (default: all four, none with --prompts; "
+                        "the oracle runs unless --prompts)")
+    s.add_argument("--prompts", metavar="FILE", default=None,
+                   help="text prompts, one per line, run one at a time at batch 1 instead of "
+                        "random-token prompts (needs a tokenizer)")
+    s.add_argument("--num-prompts", type=int, default=8, help="with --prompts: how many lines")
+    s.add_argument("--simulate", metavar="E", type=float, nargs="+", default=None,
+                   help="part B: forced mean accept lengths (e.g. 2 3 4)")
+    s.add_argument("--sim-drafter", default="eagle3", choices=["eagle1", "eagle3", "mtp"],
+                   help="part B: the random drafter whose costs are simulated")
+    s.add_argument("--sim-draft-vocab", type=int, default=8192,
+                   help="part B: its draft vocabulary (0: the target's)")
+    s.add_argument("--sim-spec", nargs="+", default=["5,4,8", "4,1,5"], metavar="S,K,N",
+                   help="part B: tree knobs to simulate")
+
+
+def check_args(args) -> None:
+    """The checks and defaults of the command line (``--model`` or ``--random-config``, one
+    ``--batch``)."""
+    if args.model is not None and args.random_config is not None:
+        raise SystemExit("pass --model or --random-config, not both")
+    if len(args.batch) != 1:
+        raise SystemExit("spec takes one --batch")
+    if args.model is None and args.random_config is None:
+        args.random_config = "100m" if args.simulate else "tiny"
+
+
 def main(args) -> dict:
+    check_args(args)
     target, source = load(args.model, args.random_config, args.dtype, args.seed)
     batch = args.batch[0] if isinstance(args.batch, (list, tuple)) else args.batch
     print(describe(target, source))
@@ -223,3 +271,7 @@ def main(args) -> dict:
     if args.json:
         common.write_json(args.json, payload)
     return payload
+
+
+COMMAND = Command("spec", "speculative decoding (chain/tree per drafter) vs plain; --simulate: "
+                          "forced accept lengths vs a cost model", add_args, main)

@@ -31,15 +31,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.bench import forward
+from jspec import kv_cache as kvc
+from jspec.bench import common
 from jspec.bench.plain import make_prompts
+from jspec.drafters.base import top_k_logprobs
 from jspec.spec_config import SpecConfig
 from jspec.target import Target
 from jspec.timing import own_seconds, round_robin, wall_s
+from jspec.tree.build import build_tree
 
 SIM_COLUMNS = ["E", "S,K,N", "t_V/t_1", "c", "compile s", "tokens/s", "accept len", "speedup", "ideal",
                "measured/ideal"]
-SIM_SPEC = SpecConfig(5, 4, 8)
 SIM_SPECS = (SpecConfig(5, 4, 8), SpecConfig.chain(4))
 SIM_DRAFT_STEPS = 5     # S: S-1 = 4 tree-loop steps + 1 extend per verify pass
 SIM_KIND, SIM_DRAFT_VOCAB = "eagle3", 8192
@@ -84,10 +86,6 @@ def micro_costs(target: Target, context: int, repeats: int = 20, page_size: int 
                 batch: int = 1) -> dict:
     """``t_1``, and per spec ``t_V`` and one draft step (ms) and ``c`` at ``batch`` rows (see
     the module docstring). All variants are timed alternately, call by call."""
-    from jspec import kv_cache as kvc
-    from jspec.drafters.base import top_k_logprobs
-    from jspec.tree.build import build_tree
-
     cfg, params = target.config, target.serving_params
     d = drafter if drafter is not None else sim_drafter(target.config, seed=seed)
     d = d.serving                 # the layout generate runs
@@ -97,8 +95,8 @@ def micro_costs(target: Target, context: int, repeats: int = 20, page_size: int 
     maxN = max(sp.num_draft_tokens for sp in specs)
     # t_1: a 1-token decode step.
     tok1 = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, 1)), jnp.int32)
-    v1 = _prepare(forward._step_fn(cfg), params, tok1, jnp.full((B, 1), context, jnp.int32),
-                  forward.make_cache(cfg, B, context, maxN, page_size, seed))
+    v1 = _prepare(common.step_fn(cfg), params, tok1, jnp.full((B, 1), context, jnp.int32),
+                  common.make_cache(cfg, B, context, maxN, page_size, seed))
     variants, per_spec = [v1], []
     for sp in specs:
         S, K, N = sp.num_steps, sp.topk, sp.num_draft_tokens
@@ -106,9 +104,9 @@ def micro_costs(target: Target, context: int, repeats: int = 20, page_size: int 
         # t_V: N tree nodes with the tree mask, positions context + depth.
         tree = build_tree(jnp.asarray(rng.integers(0, cfg.vocab_size, (B, N)), jnp.int32),
                           jnp.asarray(np.repeat(sim_tree_parents(sp)[None], B, 0)), S)
-        vV = _prepare(forward._step_fn(cfg, tree.mask()), params, tree.tokens,
+        vV = _prepare(common.step_fn(cfg, tree.mask()), params, tree.tokens,
                       context + tree.depths,
-                      forward.make_cache(cfg, B, context, maxN, page_size, seed))
+                      common.make_cache(cfg, B, context, maxN, page_size, seed))
         # One tree-loop step: the drafter's net for K frontier nodes against its paged
         # prefix and transient window, then the top-K of its distribution.
         feats = jax.random.normal(jax.random.key(seed + 1), (B, K, cfg.hidden_size), cfg.dtype)
@@ -124,11 +122,11 @@ def micro_costs(target: Target, context: int, repeats: int = 20, page_size: int 
 
         tokd = jnp.asarray(rng.integers(0, min(cfg.vocab_size, m.draft_vocab), (B, K)), jnp.int32)
         vD = _prepare(draft_step, (d.params, params), tokd, jnp.full((B, K), context, jnp.int32),
-                      forward.make_cache(m.layer.replace(num_layers=m.cache_layers), B, context,
-                                         W, page_size, seed))
+                      common.make_cache(m.layer.replace(num_layers=m.cache_layers), B, context,
+                                        W, page_size, seed))
         variants += [vV, vD]
         per_spec.append((sp, vV, vD))
-    timed = round_robin([functools.partial(forward._call, v, v["params"]) for v in variants],
+    timed = round_robin([functools.partial(common.timed_call, v, v["params"]) for v in variants],
                         repeats, warmup=2, seconds=own_seconds)
     for v, t in zip(variants, timed):
         v["times"] = t.times

@@ -5,6 +5,8 @@ pair: a frozen, hashable *architecture* (its static fields; a static argument of
 compiled driver) and a parameter pytree. The driver calls:
 
 - ``init_state(batch, page_table, num_pages, page_size)`` -> drafter state (inside jit);
+- every call below that runs the network also takes ``kernels=`` (keyword, static): the
+  attention implementation, a concrete :mod:`jspec.kernels` mode (default "reference");
 - ``prefill(params, target, state, feats, next_tokens, lens)`` after the target prefill:
   ``feats [B, T, F]`` are the target's features at each prompt position and
   ``next_tokens [B, T]`` the token that follows each position (prompt shifted by one,
@@ -107,11 +109,6 @@ class RecurrentDrafter(DraftModuleDefaults):
 
     layer: LlamaConfig          # the drafter's decoder layer (num_layers = 1)
     target_vocab: int
-    # The attention implementation (a concrete jspec.kernels mode). A run-time choice, not part
-    # of the architecture: the decoder sets it to its own mode (SpecDecoder), so
-    # kernels="pallas" serves the drafter's committed blocks as well as the target; it is not
-    # saved with checkpoints.
-    attention: str = dataclasses.field(default="reference", metadata={"runtime": True})
     # Serving layout: every Linear kernel held [out, in] (jspec.llama.Linear), the product
     # XLA:CPU runs about 3x faster for the few rows of a tree step or an extend. Set by
     # serving(); checkpoints, training and random init use the [in, out] layout.
@@ -123,13 +120,14 @@ class RecurrentDrafter(DraftModuleDefaults):
 
     # -------------------------------------------------------- network hooks
     def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
-                  cache, block_mask, valid, offset, keep=None):
+                  cache, block_mask, valid, offset, keep=None, *, kernels: str = "reference"):
         """-> ``(feature_out [B,T,H], draft logits [B,T,Vd] fp32, cache)``.
 
         ``step`` is None for committed positions (``feats`` are the target's features)
         and the tree-loop step s >= 1 (traced) otherwise (``feats`` are the drafter's own).
         ``keep [B]`` (optional): the head runs on row ``keep[b]`` only and the logits are
-        ``[B, 1, Vd]`` (see :func:`kept_rows`).
+        ``[B, 1, Vd]`` (see :func:`kept_rows`). ``kernels``: the attention's
+        :mod:`jspec.kernels` mode.
         """
         raise NotImplementedError
 
@@ -180,7 +178,8 @@ class RecurrentDrafter(DraftModuleDefaults):
     def draft_vocab(self) -> int:
         return self.target_vocab
 
-    def _run_committed(self, params, target, state: RecurrentState, feats, next_tokens, n):
+    def _run_committed(self, params, target, state: RecurrentState, feats, next_tokens, n,
+                       kernels: str):
         """Feed (feature, next token) pairs at the committed end; keep ``n`` per row."""
         cfg, tparams = target
         B, T = next_tokens.shape
@@ -189,27 +188,30 @@ class RecurrentDrafter(DraftModuleDefaults):
         valid = j < n[:, None]
         last = jnp.maximum(n - 1, 0)
         out, logits, cache = self.net_apply(params, cfg, tparams, next_tokens, feats, None, pos,
-                                            state.cache, None, valid, 0, keep=last)
+                                            state.cache, None, valid, 0, keep=last,
+                                            kernels=kernels)
         keep = n > 0
         return RecurrentState(
             cache=kvc.advance(cache, n),
             feature=jnp.where(keep[:, None], kept_rows(out, last)[:, 0], state.feature),
             logits=jnp.where(keep[:, None], logits[:, 0], state.logits))
 
-    def prefill(self, params, target, state, feats, next_tokens, lens):
-        return self._run_committed(params, target, state, feats, next_tokens, lens)
+    def prefill(self, params, target, state, feats, next_tokens, lens, *,
+                kernels: str = "reference"):
+        return self._run_committed(params, target, state, feats, next_tokens, lens, kernels)
 
-    def extend(self, params, target, state, feats, next_tokens, n):
-        return self._run_committed(params, target, state, feats, next_tokens, n)
+    def extend(self, params, target, state, feats, next_tokens, n, *, kernels: str = "reference"):
+        return self._run_committed(params, target, state, feats, next_tokens, n, kernels)
 
     def propose(self, params, target, state: RecurrentState, root: jax.Array,
-                spec: SpecConfig) -> DraftTree:
+                spec: SpecConfig, *, kernels: str = "reference") -> DraftTree:
         """The EAGLE-2 loop (:meth:`draft_pool`), then the global selection."""
-        pool = self.draft_pool(params, target, state, spec)
+        pool = self.draft_pool(params, target, state, spec, kernels=kernels)
         tree, _ = select_pool(root, pool, spec.num_draft_tokens, spec.num_steps)
         return tree
 
-    def draft_pool(self, params, target, state: RecurrentState, spec: SpecConfig) -> CandidatePool:
+    def draft_pool(self, params, target, state: RecurrentState, spec: SpecConfig, *,
+                   kernels: str = "reference") -> CandidatePool:
         """S-1 recurrent steps of K frontier paths -> the EAGLE-2 candidate pool, scored
         under ``spec.selection`` (:func:`jspec.tree.calibration.node_scores`)."""
         cfg, tparams = target
@@ -230,7 +232,7 @@ class RecurrentDrafter(DraftModuleDefaults):
             pos = jnp.broadcast_to((base + s)[:, None], (B, K))
             out, logits, cache = self.net_apply(
                 params, cfg, tparams, self.to_target_ids(params, f_tok), f_feat, s, pos, cache,
-                mask, None, (s - 1) * K)
+                mask, None, (s - 1) * K, kernels=kernels)
             c_logq, c_tok = top_k_logprobs(logits, K)                       # [B, K, K]
             c_scores = node_scores(spec.selection, c_logq, s, params,
                                    self.to_target_ids(params, c_tok), f_idx % K, f_logq)

@@ -37,7 +37,7 @@ PROBE = "def f(x):\n    return x + 1  # Once upon a time, 12345."
 
 class DraftModelNet(nn.Module):
     cfg: LlamaConfig
-    attention: str = "reference"       # a concrete jspec.kernels mode
+    kernels: str = "reference"         # the attention's jspec.kernels mode
     out_major: bool = False            # kernels held [out, in] (serving; see Linear)
 
     @nn.compact
@@ -48,7 +48,7 @@ class DraftModelNet(nn.Module):
         x = embed(tokens)
         for i in range(c.num_layers):
             x, cache = DecoderLayer(c, self.out_major, name=f"layers_{i}")(
-                x, positions, cache, i, block_mask, valid, attention_fn(self.attention), offset)
+                x, positions, cache, i, block_mask, valid, attention_fn(self.kernels), offset)
         h = RMSNorm(c.hidden_size, c.rms_norm_eps, c.dtype, name="norm")(kept_rows(x, keep))
         if c.tie_word_embeddings:           # [V, H]: the output-major product
             logits = linear(h, embed.embedding.astype(h.dtype), precision(c))
@@ -66,14 +66,13 @@ class DraftModel(RecurrentDrafter):
     def cache_layers(self) -> int:
         return self.layer.num_layers
 
-    @property
-    def net(self):
-        return DraftModelNet(self.layer, self.attention, self.out_major)
+    def net(self, kernels: str = "reference") -> DraftModelNet:
+        return DraftModelNet(self.layer, kernels, self.out_major)
 
     def init_params(self, key, target_cfg: LlamaConfig):
         _, _, pos, cache = self._dummy(target_cfg, 1)
         tok = jnp.zeros((1, 1), jnp.int32)
-        return {"net": nn.unbox(self.net.init(key, tok, pos, cache, None, None, 0)["params"])}
+        return {"net": nn.unbox(self.net().init(key, tok, pos, cache, None, None, 0)["params"])}
 
     def validate(self, target_cfg: LlamaConfig, params=None) -> None:
         if target_cfg.vocab_size != self.target_vocab or self.layer.vocab_size != self.target_vocab:
@@ -88,14 +87,15 @@ class DraftModel(RecurrentDrafter):
         return super().cache_slots(spec) + 1          # its KV also holds the first token
 
     def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
-                  cache, block_mask, valid, offset, keep=None):
-        return self.net.apply({"params": params["net"]}, tokens, positions, cache, block_mask,
-                              valid, offset, keep)
+                  cache, block_mask, valid, offset, keep=None, *, kernels: str = "reference"):
+        return self.net(kernels).apply({"params": params["net"]}, tokens, positions, cache,
+                                       block_mask, valid, offset, keep)
 
-    def prefill(self, params, target, state, feats, next_tokens, lens):
+    def prefill(self, params, target, state, feats, next_tokens, lens, *,
+                kernels: str = "reference"):
         # feats [B, T, 1] are the prompt's tokens: feed token 0, then the shifted prompt.
         tokens = jnp.concatenate([feats[:, :1, 0].astype(next_tokens.dtype), next_tokens], 1)
-        return self._run_committed(params, target, state, None, tokens, lens + 1)
+        return self._run_committed(params, target, state, None, tokens, lens + 1, kernels)
 
 
 def check_tokenizers(target, draft) -> None:

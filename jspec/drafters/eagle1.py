@@ -38,7 +38,7 @@ from jspec.spec_config import SpecConfig
 class Eagle1Net(nn.Module):
     cfg: LlamaConfig
     fc_bias: bool = False
-    attention: str = "reference"       # a concrete jspec.kernels mode
+    kernels: str = "reference"         # the attention's jspec.kernels mode
     out_major: bool = False            # kernels held [out, in] (serving; see Linear)
 
     @nn.compact
@@ -47,7 +47,7 @@ class Eagle1Net(nn.Module):
         fc = dense(c.hidden_size, ("embed", "embed"), c, "fc", self.out_major, self.fc_bias)
         x = fc(jnp.concatenate([emb, feats.astype(emb.dtype)], -1))
         h, cache = Attention(c, self.out_major, name="self_attn")(
-            x, positions, cache, 0, block_mask, valid, attention_fn(self.attention), offset)
+            x, positions, cache, 0, block_mask, valid, attention_fn(self.kernels), offset)
         x = x + h
         x = x + MLP(c, self.out_major, name="mlp")(
             RMSNorm(c.hidden_size, c.rms_norm_eps, c.dtype, name="post_attention_layernorm")(x))
@@ -64,13 +64,12 @@ class Eagle1(DraftVocab, RecurrentDrafter):
     def draft_head_paths(self):
         return (("lm_head", "kernel"),) if self.vocab_size else ()
 
-    @property
-    def net(self):
-        return Eagle1Net(self.layer, self.fc_bias, self.attention, self.out_major)
+    def net(self, kernels: str = "reference") -> Eagle1Net:
+        return Eagle1Net(self.layer, self.fc_bias, kernels, self.out_major)
 
     def init_params(self, key, target_cfg):
         emb, feats, pos, cache = self._dummy(target_cfg, target_cfg.hidden_size)
-        params = {"net": self.net.init(key, emb, feats, pos, cache, None, None, 0)["params"]}
+        params = {"net": self.net().init(key, emb, feats, pos, cache, None, None, 0)["params"]}
         if self.vocab_size:
             H, Vd = self.layer.hidden_size, self.draft_vocab
             kernel = nn.initializers.normal(0.02)(jax.random.fold_in(key, 1), (H, Vd),
@@ -83,10 +82,10 @@ class Eagle1(DraftVocab, RecurrentDrafter):
         check_draft_vocab(self, target_cfg.vocab_size, params)
 
     def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
-                  cache, block_mask, valid, offset, keep=None):
+                  cache, block_mask, valid, offset, keep=None, *, kernels: str = "reference"):
         emb = target_embedding(target_params)[tokens]
-        out, cache = self.net.apply({"params": params["net"]}, emb, feats, positions, cache,
-                                    block_mask, valid, offset)
+        out, cache = self.net(kernels).apply({"params": params["net"]}, emb, feats, positions,
+                                             cache, block_mask, valid, offset)
         # The own head is [H, Vd] in checkpoints and [Vd, H] out-major; each layout gets its own
         # product (a transposed view under `linear` would be folded into the slow CPU form).
         if self.out_major:

@@ -46,7 +46,7 @@ class Eagle3Net(nn.Module):
     draft_vocab: int
     fc_norm: str = "none"              # "none" | "full" | "per_chunk"
     norm_before_residual: bool = False
-    attention: str = "reference"       # a concrete jspec.kernels mode
+    kernels: str = "reference"         # the attention's jspec.kernels mode
     out_major: bool = False            # kernels held [out, in] (serving; see Linear)
 
     @nn.compact
@@ -68,7 +68,7 @@ class Eagle3Net(nn.Module):
         residual = hn if self.norm_before_residual else h
         x = jnp.concatenate([norm(H, "input_layernorm")(emb), hn], -1)
         a, cache = Attention(c, self.out_major, name="self_attn")(
-            x, positions, cache, 0, block_mask, valid, attention_fn(self.attention), offset)
+            x, positions, cache, 0, block_mask, valid, attention_fn(self.kernels), offset)
         x = residual + a
         out = x + MLP(c, self.out_major, name="mlp")(norm(H, "post_attention_layernorm")(x))
         logits = dense(self.draft_vocab, ("embed", "vocab"), c, "lm_head",
@@ -88,21 +88,21 @@ class Eagle3(DraftVocab, RecurrentDrafter):
     def draft_head_paths(self):
         return (("net", "lm_head", "kernel"),)
 
-    @property
-    def net(self):
+    def net(self, kernels: str = "reference") -> Eagle3Net:
         return Eagle3Net(self.layer, self.draft_vocab, self.fc_norm, self.norm_before_residual,
-                         self.attention, self.out_major)
+                         kernels, self.out_major)
 
     def init_params(self, key, target_cfg):
         emb, feats, pos, cache = self._dummy(target_cfg, 3 * target_cfg.hidden_size)
-        params = {"net": self.net.init(key, emb, feats, True, pos, cache, None, None, 0)["params"]}
+        net = self.net()
+        params = {"net": net.init(key, emb, feats, True, pos, cache, None, None, 0)["params"]}
         return {**params, **self.init_map()}     # identity-prefix map: draft id i -> target id i
 
     def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
-                  cache, block_mask, valid, offset, keep=None):
+                  cache, block_mask, valid, offset, keep=None, *, kernels: str = "reference"):
         emb = target_embedding(target_params)[tokens]
-        return self.net.apply({"params": params["net"]}, emb, feats, step is None, positions, cache,
-                              block_mask, valid, offset, keep)
+        return self.net(kernels).apply({"params": params["net"]}, emb, feats, step is None,
+                                       positions, cache, block_mask, valid, offset, keep)
 
     def validate(self, target_cfg: LlamaConfig, params=None) -> None:
         super().validate(target_cfg, params)

@@ -156,14 +156,17 @@ class Medusa(DraftModuleDefaults):
         idx = jnp.maximum(n - 1, 0)[:, None, None]
         return jnp.take_along_axis(feats, idx, axis=1)[:, 0]
 
-    def prefill(self, params, target, state, feats, next_tokens, lens):
+    # kernels=: the protocol's attention mode; Medusa's heads do not attend.
+    def prefill(self, params, target, state, feats, next_tokens, lens, *,
+                kernels: str = "reference"):
         return MedusaState(feature=self._last(feats, lens).astype(self.dtype))
 
-    def extend(self, params, target, state, feats, next_tokens, n):
+    def extend(self, params, target, state, feats, next_tokens, n, *, kernels: str = "reference"):
         return MedusaState(feature=jnp.where((n > 0)[:, None], self._last(feats, n).astype(self.dtype),
                                              state.feature))
 
-    def propose(self, params, target, state: MedusaState, root, spec):
+    def propose(self, params, target, state: MedusaState, root, spec, *,
+                kernels: str = "reference"):
         cfg, tparams = target
         tree = self.tree(spec)
         head = None if self.vocab_size else target_head(cfg, tparams)

@@ -51,7 +51,7 @@ class MTPModule(nn.Module):
     own_head: bool
     vocab: int
     layer_index: int = 0
-    attention: str = "reference"       # a concrete jspec.kernels mode
+    kernels: str = "reference"         # the attention's jspec.kernels mode
     out_major: bool = False            # kernels held [out, in] (serving; see Linear)
 
     @nn.compact
@@ -64,7 +64,7 @@ class MTPModule(nn.Module):
         x = dense(H, ("embed", "embed"), c, "eh_proj", self.out_major)(
             jnp.concatenate([norm("enorm")(emb), norm("hnorm")(feats.astype(c.dtype))], -1))
         x, cache = DecoderLayer(c, self.out_major, name="block")(
-            x, positions, cache, self.layer_index, block_mask, valid, attention_fn(self.attention),
+            x, positions, cache, self.layer_index, block_mask, valid, attention_fn(self.kernels),
             offset)
         hn = norm("shared_head_norm")(kept_rows(x, keep))
         if self.own_head:
@@ -103,10 +103,10 @@ class MTP(DraftVocab, RecurrentDrafter):
     def cache_layers(self) -> int:
         return self.num_modules
 
-    def block_net(self, m: int) -> MTPModule:
-        """The Flax network of module ``m`` (one of ``num_modules``)."""
-        return MTPModule(self.layer, self.own_head, self.draft_vocab, m, self.attention,
-                         self.out_major)
+    def block_net(self, m: int, kernels: str = "reference") -> MTPModule:
+        """The Flax network of module ``m`` (one of ``num_modules``), attending with the
+        :mod:`jspec.kernels` mode ``kernels``."""
+        return MTPModule(self.layer, self.own_head, self.draft_vocab, m, kernels, self.out_major)
 
     def init_params(self, key, target_cfg):
         emb, feats, pos, cache = self._dummy(target_cfg, target_cfg.hidden_size)
@@ -118,7 +118,7 @@ class MTP(DraftVocab, RecurrentDrafter):
             for m in range(self.num_modules)}, **self.init_map()}
 
     def net_apply(self, params, target_cfg, target_params, tokens, feats, step, positions,
-                  cache, block_mask, valid, offset, keep=None):
+                  cache, block_mask, valid, offset, keep=None, *, kernels: str = "reference"):
         emb = target_embedding(target_params)[tokens]
         head = None
         if not self.own_head:
@@ -126,8 +126,9 @@ class MTP(DraftVocab, RecurrentDrafter):
                                                                               target_params)
 
         def run(m, cache):
-            return self.block_net(m).apply({"params": params["net"][f"module_{m}"]}, emb, feats,
-                                        positions, cache, block_mask, valid, offset, head, keep)
+            return self.block_net(m, kernels).apply(
+                {"params": params["net"][f"module_{m}"]}, emb, feats, positions, cache,
+                block_mask, valid, offset, head, keep)
 
         if step is None:
             # Committed positions: every module records its KV; module 0 drafts next.

@@ -78,11 +78,13 @@ class NGram(DraftModuleDefaults):
                                                                  mode="drop")
         return NGramState(history=hist, length=jnp.minimum(state.length + n, T))
 
-    def prefill(self, params, target, state, feats, next_tokens, lens):
+    # kernels=: the protocol's attention mode; n-gram lookup does not attend.
+    def prefill(self, params, target, state, feats, next_tokens, lens, *,
+                kernels: str = "reference"):
         # next_tokens: the prompt shifted by one, then the first generated token (the root).
         return self._append(state, next_tokens, lens.astype(jnp.int32))
 
-    def extend(self, params, target, state, feats, next_tokens, n):
+    def extend(self, params, target, state, feats, next_tokens, n, *, kernels: str = "reference"):
         return self._append(state, next_tokens, n.astype(jnp.int32))
 
     def candidates(self, state: NGramState, K: int):
@@ -111,7 +113,8 @@ class NGram(DraftModuleDefaults):
             score = jnp.where(nxt == tok, -1, score)
         return jnp.stack(ends, 1).astype(jnp.int32), jnp.stack(oks, 1)
 
-    def propose(self, params, target, state: NGramState, root, spec: SpecConfig):
+    def propose(self, params, target, state: NGramState, root, spec: SpecConfig, *,
+                kernels: str = "reference"):
         S, K, N = spec.num_steps, spec.topk, spec.num_draft_tokens
         hist, L = state.history, state.length
         B, T = hist.shape

@@ -44,13 +44,16 @@ class Oracle(DraftModuleDefaults):
     def init_state(self, batch, page_table, num_pages, page_size):
         return OracleState(length=jnp.zeros((batch,), jnp.int32), key=jax.random.key(1234))
 
-    def prefill(self, params, target, state, feats, next_tokens, lens):
+    # kernels=: the protocol's attention mode; the oracle does not attend.
+    def prefill(self, params, target, state, feats, next_tokens, lens, *,
+                kernels: str = "reference"):
         return state.replace(length=lens.astype(jnp.int32))
 
-    def extend(self, params, target, state, feats, next_tokens, n):
+    def extend(self, params, target, state, feats, next_tokens, n, *, kernels: str = "reference"):
         return state.replace(length=state.length + n, key=jax.random.fold_in(state.key, 1))
 
-    def propose(self, params, target, state: OracleState, root, spec):
+    def propose(self, params, target, state: OracleState, root, spec, *,
+                kernels: str = "reference"):
         S, K, N = spec.num_steps, spec.topk, spec.num_draft_tokens
         future = params["future"]                                    # [B, max_len]
         B = root.shape[0]

@@ -8,7 +8,8 @@ while the accept length stays the same (vLLM #26504 saw acceptance flat from bat
 while the right choice flipped). So the choice is made from throughput measured on this
 machine, per bucket: :func:`jspec.engine.tuning.measure` times each candidate (plain
 decoding among them) in the engine's own decode program with every row of the bucket live,
-and :func:`pick` keeps the fastest in a :class:`Policy`. ``python -m jspec tune --occupancy``
+and :func:`pick` keeps the fastest in a :class:`Policy` (plain on a near-tie:
+:data:`PLAIN_MARGIN`). ``python -m jspec tune --occupancy``
 stores it beside the drafter (``jspec_tuning.json``, one entry per device kind and bucket)
 for ``Engine(policy="auto")``. The costs depend on the engine's row length (``max_len``: the
 reference attention reads a row's whole allocation), so tune with the serving cap
@@ -102,7 +103,21 @@ def uniform(mode, slots: int) -> Policy:
     return Policy({b: mode for b in buckets_for(slots)})
 
 
-def pick(rates: dict, candidates: Sequence) -> Policy:
-    """The fastest candidate per bucket of :func:`measure`'s rates."""
+#: A spec is picked over plain decoding only when it measured at least this much faster.
+#: Back-to-back timings of the same engine on a shared 2-core CPU moved by up to 10%, and a
+#: wrong speculative pick costs up to ~0.8x plain at full slots, while a wrong plain pick
+#: forgoes at most this margin; so near-ties go to plain, which needs no drafter work.
+PLAIN_MARGIN = 1.05
+
+
+def pick(rates: dict, candidates: Sequence, margin: float = PLAIN_MARGIN) -> Policy:
+    """Per bucket of :func:`measure`'s rates, the fastest candidate; plain decoding (when it
+    was measured) unless the fastest spec beats it by ``margin``."""
     by_label = {mode_label(m): m for m in candidates}
-    return Policy({b: by_label[max(r, key=r.get)] for b, r in rates.items()})
+    picks = {}
+    for b, r in rates.items():
+        best = max(r, key=r.get)
+        if PLAIN in r and best != PLAIN and r[best] < margin * r[PLAIN]:
+            best = PLAIN
+        picks[b] = by_label[best]
+    return Policy(picks)

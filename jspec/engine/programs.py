@@ -64,14 +64,8 @@ class Programs:
     max_pages: int                  # page-table width (one row's longest allocation)
     stop_width: int
     chunk: int                      # iterations per decode call
-    kernels: str = "reference"
+    kernels: str = "reference"      # the target's and the drafter's attention (jspec.kernels)
     mesh: Any = None                # a (1, model) mesh: the target's pools over its KV heads
-
-    def __post_init__(self):
-        # The drafter attends as the target does (SpecDecoder sets the same for its loop).
-        d = self.drafter
-        if d is not None and getattr(d, "attention", self.kernels) != self.kernels:
-            object.__setattr__(self, "drafter", dataclasses.replace(d, attention=self.kernels))
 
     # ----------------------------------------------------------------- helpers
     def pinned(self, state: SlotState) -> SlotState:
@@ -203,7 +197,8 @@ class Programs:
                         toks.at[r, at].set(s2.root, mode="drop"), n + took)
 
         core, (feats, toks, n) = self._loop(buffered, (sub.core, pairs), lambda c: c[0].done)
-        dstate = self.drafter.extend(dparams, (self.config, params), core.draft, feats, toks, n)
+        dstate = self.drafter.extend(dparams, (self.config, params), core.draft, feats, toks, n,
+                                     kernels=self.kernels)
         return core.replace(draft=dstate)
 
     def plain_iteration(self, params, s: SpecState, stop_ids, max_new):

@@ -190,6 +190,29 @@ class _Stop:
         self.requested = True
 
 
+def pending(input_path, part: Path, target, args, rank: int, world: int) -> list:
+    """This process's records of ``input_path`` (lines ``rank``, ``rank + world``, ...) not
+    yet in ``part``; a repeated id among them is marked as an error."""
+    done_ids, done_lines = read_done(part)
+    records = []
+    with open(input_path, encoding="utf-8") as f:
+        for n, text in enumerate(f, 1):
+            if (n - 1) % world != rank or not text.strip():
+                continue
+            records.append(parse(text, n, target, args))
+    seen, todo = set(done_ids), []
+    for r in records:
+        key = None if r.id is None else _key(r.id)
+        if (key in done_ids) or (key is None and r.line in done_lines):
+            continue
+        if r.error is None and key in seen:
+            r.error = f"duplicate id {r.id!r}"
+        if key is not None and r.error is None:
+            seen.add(key)
+        todo.append(r)
+    return todo
+
+
 def run(args) -> int:
     from jspec import distributed
 
@@ -212,23 +235,7 @@ def run(args) -> int:
     target = jspec.load_target(args.model)
     drafter = load_drafter_arg(args.drafter, target) if args.drafter else None
     spec = parse_spec(args.spec) if args.spec else None
-    done_ids, done_lines = read_done(part)
-    records = []
-    with open(args.input, encoding="utf-8") as f:
-        for n, text in enumerate(f, 1):
-            if (n - 1) % world != rank or not text.strip():
-                continue
-            records.append(parse(text, n, target, args))
-    seen, todo = set(done_ids), []
-    for r in records:
-        key = None if r.id is None else _key(r.id)
-        if (key in done_ids) or (key is None and r.line in done_lines):
-            continue
-        if r.error is None and key in seen:
-            r.error = f"duplicate id {r.id!r}"
-        if key is not None and r.error is None:
-            seen.add(key)
-        todo.append(r)
+    todo = pending(args.input, part, target, args, rank, world)
     stop = _Stop()
     with open(part, "a", encoding="utf-8") as out:
         def write(obj):

@@ -184,85 +184,98 @@ def cmd_calibrate(a):
         Path(a.json).write_text(json.dumps(doc, indent=1))
 
 
+def regen_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--target", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--prompts", default="stories-train")
+    s.add_argument("--num-samples", type=int, default=3000)
+    s.add_argument("--max-new-tokens", type=int, default=192)
+    s.add_argument("--temperature", type=float, default=0.8)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--batch-size", type=int, default=64)
+
+
+def features_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--target", required=True)
+    s.add_argument("--seqs", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--topk", type=int, default=16)
+    s.add_argument("--aux-layers", default="")
+    s.add_argument("--batch-size", type=int, default=32)
+
+
+def train_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--target", required=True)
+    s.add_argument("--features", required=True)
+    s.add_argument("--kind", required=True, choices=_trainable_kinds())
+    s.add_argument("--out", required=True)
+    s.add_argument("--steps", type=int, default=1500)
+    s.add_argument("--batch-size", type=int, default=16)
+    s.add_argument("--lr", type=float, default=3e-3)
+    s.add_argument("--warmup", type=int, default=50)
+    s.add_argument("--weight-decay", type=float, default=0.01)
+    s.add_argument("--clip", type=float, default=1.0)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--unroll", type=int, default=0)
+    s.add_argument("--draft-vocab", type=int, default=0,
+                   help="draft over the N most frequent tokens (0: the target's vocabulary)")
+    s.add_argument("--medusa-heads", type=int, default=4)
+    s.add_argument("--medusa-layers", type=int, default=1)
+    s.add_argument("--ckpt-every", type=int, default=200)
+    s.add_argument("--log-every", type=int, default=50)
+    s.add_argument("--max-seconds", type=float, default=0.0)
+
+
+def eval_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--target", required=True)
+    s.add_argument("--drafter", action="append", default=[])
+    s.add_argument("--prompts", default="stories-heldout")
+    s.add_argument("--heldout-seqs", default="")
+    s.add_argument("--max-seqs", type=int, default=40)
+    s.add_argument("--stride", type=int, default=1)
+    s.add_argument("--max-new-tokens", type=int, default=128)
+    s.add_argument("--modes", default="chain,default,wide")
+    s.add_argument("--baseline", action="store_true")
+    s.add_argument("--json", default="")
+
+
+def calibrate_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--target", required=True)
+    s.add_argument("--drafter", required=True)
+    s.add_argument("--heldout-seqs", required=True)
+    s.add_argument("--fit-range", default="100:160", help="held-out sequences to fit on (a:b)")
+    s.add_argument("--eval-range", default="0:20", help="held-out sequences to compare on (a:b)")
+    s.add_argument("--stride", type=int, default=2)
+    s.add_argument("--prompts", default="",
+                   help="also compare end to end on these prompts (stories-heldout or a file)")
+    s.add_argument("--ceiling", action="store_true",
+                   help="also the target as its own drafter (K target passes per tree step)")
+    s.add_argument("--ranks", type=int, default=8,
+                   help="sibling ranks calibrated separately (1: per depth only)")
+    s.add_argument("--no-pairs", action="store_true",
+                   help="no (token, rival) pair biases (see jspec.train.calibrate.fit)")
+    s.add_argument("--no-write", action="store_true", help="do not write the model")
+    s.add_argument("--json", default="")
+
+
+COMMANDS = {  # name: (help, its arguments, what runs it)
+    "regen": ("sample training sequences from the target", regen_args, cmd_regen),
+    "features": ("cache target features", features_args, cmd_features),
+    "train": ("train a drafter", train_args, cmd_train),
+    "eval": ("acceptance table", eval_args, cmd_eval),
+    "calibrate": ("fit acceptance calibration, compare selection policies", calibrate_args,
+                  cmd_calibrate),
+}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m jspec.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-
-    r = sub.add_parser("regen", help="sample training sequences from the target")
-    r.add_argument("--target", required=True)
-    r.add_argument("--out", required=True)
-    r.add_argument("--prompts", default="stories-train")
-    r.add_argument("--num-samples", type=int, default=3000)
-    r.add_argument("--max-new-tokens", type=int, default=192)
-    r.add_argument("--temperature", type=float, default=0.8)
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--batch-size", type=int, default=64)
-    r.set_defaults(fn=cmd_regen)
-
-    f = sub.add_parser("features", help="cache target features")
-    f.add_argument("--target", required=True)
-    f.add_argument("--seqs", required=True)
-    f.add_argument("--out", required=True)
-    f.add_argument("--topk", type=int, default=16)
-    f.add_argument("--aux-layers", default="")
-    f.add_argument("--batch-size", type=int, default=32)
-    f.set_defaults(fn=cmd_features)
-
-    t = sub.add_parser("train", help="train a drafter")
-    t.add_argument("--target", required=True)
-    t.add_argument("--features", required=True)
-    t.add_argument("--kind", required=True, choices=_trainable_kinds())
-    t.add_argument("--out", required=True)
-    t.add_argument("--steps", type=int, default=1500)
-    t.add_argument("--batch-size", type=int, default=16)
-    t.add_argument("--lr", type=float, default=3e-3)
-    t.add_argument("--warmup", type=int, default=50)
-    t.add_argument("--weight-decay", type=float, default=0.01)
-    t.add_argument("--clip", type=float, default=1.0)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--unroll", type=int, default=0)
-    t.add_argument("--draft-vocab", type=int, default=0,
-                   help="draft over the N most frequent tokens (0: the target's vocabulary)")
-    t.add_argument("--medusa-heads", type=int, default=4)
-    t.add_argument("--medusa-layers", type=int, default=1)
-    t.add_argument("--ckpt-every", type=int, default=200)
-    t.add_argument("--log-every", type=int, default=50)
-    t.add_argument("--max-seconds", type=float, default=0.0)
-    t.set_defaults(fn=cmd_train)
-
-    e = sub.add_parser("eval", help="acceptance table")
-    e.add_argument("--target", required=True)
-    e.add_argument("--drafter", action="append", default=[])
-    e.add_argument("--prompts", default="stories-heldout")
-    e.add_argument("--heldout-seqs", default="")
-    e.add_argument("--max-seqs", type=int, default=40)
-    e.add_argument("--stride", type=int, default=1)
-    e.add_argument("--max-new-tokens", type=int, default=128)
-    e.add_argument("--modes", default="chain,default,wide")
-    e.add_argument("--baseline", action="store_true")
-    e.add_argument("--json", default="")
-    e.set_defaults(fn=cmd_eval)
-
-    c = sub.add_parser("calibrate", help="fit acceptance calibration, compare selection policies")
-    c.add_argument("--target", required=True)
-    c.add_argument("--drafter", required=True)
-    c.add_argument("--heldout-seqs", required=True)
-    c.add_argument("--fit-range", default="100:160", help="held-out sequences to fit on (a:b)")
-    c.add_argument("--eval-range", default="0:20", help="held-out sequences to compare on (a:b)")
-    c.add_argument("--stride", type=int, default=2)
-    c.add_argument("--prompts", default="",
-                   help="also compare end to end on these prompts (stories-heldout or a file)")
-    c.add_argument("--ceiling", action="store_true",
-                   help="also the target as its own drafter (K target passes per tree step)")
-    c.add_argument("--ranks", type=int, default=8,
-                   help="sibling ranks calibrated separately (1: per depth only)")
-    c.add_argument("--no-pairs", action="store_true",
-                   help="no (token, rival) pair biases (see jspec.train.calibrate.fit)")
-    c.add_argument("--no-write", action="store_true", help="do not write the model")
-    c.add_argument("--json", default="")
-    c.set_defaults(fn=cmd_calibrate)
-
+    for name, (help_, add_args, run) in COMMANDS.items():
+        s = sub.add_parser(name, help=help_)
+        add_args(s)
+        s.set_defaults(fn=run)
     a = p.parse_args(argv)
     a.fn(a)
 

@@ -28,11 +28,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec import kv_cache as kvc
 from jspec.config import LlamaConfig
-from jspec.llama import Llama, init_params
+from jspec.llama import init_params
 from jspec.train import data as D
-from jspec.train.optim import TrainState, load_train_state, make_optimizer, save_train_state
+# forward_logits and row_losses are part of this module's API (the draft-model recipe).
+from jspec.train.lm_steps import (compiled_steps, evaluate, forward_logits,  # noqa: F401
+                                  param_count, row_losses)
+from jspec.train.optim import TrainState, load_train_state, save_train_state
 
 STATE_FILE = "state.npz"
 
@@ -103,95 +105,55 @@ class TrainConfig:
 
 # ----------------------------------------------------------------------------- model
 
-def forward_logits(cfg: LlamaConfig, params, tokens: jax.Array) -> jax.Array:
-    """Causal full-sequence forward ``tokens [B, T] -> fp32 logits [B, T, V]``.
-
-    A fresh cache per call: row ``b`` owns page ``b`` of ``T`` slots, lengths are 0, and
-    ``block_mask=None`` is causal, so this is the prefill computation without sampling.
-    """
-    B, T = tokens.shape
-    model = Llama(cfg)
-    cache = kvc.init_cache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                           jnp.arange(B, dtype=jnp.int32)[:, None], B, T, cfg.dtype)
-    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    hidden, _, _ = model.apply({"params": params}, tokens, positions, cache, block_mask=None)
-    return model.apply({"params": params}, hidden, method=Llama.logits)
-
-
-def row_losses(cfg: LlamaConfig, params, batch: jax.Array, masked: bool = False) -> jax.Array:
-    """Per-row mean next-token cross-entropy (nats) of ``batch [B, T+1]`` -> ``[B]``.
-
-    ``masked``: rows are padded with ``D.PAD_ID`` (``--seqs``); a row's mean is over its real
-    targets only (padding is after them, so causal attention never lets it reach them).
-    """
-    inputs, tgt = batch[:, :-1], batch[:, 1:]
-    if masked:
-        valid = tgt != D.PAD_ID
-        inputs, tgt = jnp.maximum(inputs, 0), jnp.maximum(tgt, 0)
-    logits = forward_logits(cfg, params, inputs)
-    logz = jax.nn.logsumexp(logits, axis=-1)
-    gold = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0]
-    if not masked:
-        return jnp.mean(logz - gold, axis=-1)
-    return (jnp.sum(jnp.where(valid, logz - gold, 0.0), axis=-1)
-            / jnp.maximum(jnp.sum(valid, axis=-1), 1))
+def resume(tc: TrainConfig, ckpt: Path, state: TrainState, log) -> TrainState:
+    """The state saved at ``ckpt`` by a run with the same settings (an error for other
+    settings), or ``state`` as it is, with the run's settings written beside it."""
+    if not ckpt.is_file():
+        (ckpt.parent / "run_config.json").write_text(json.dumps(dataclasses.asdict(tc), indent=1))
+        return state
+    state, meta = load_train_state(ckpt, state)
+    if meta.get("config") != tc.fingerprint():
+        raise ValueError(f"{ckpt} was written by a run with different settings:\n"
+                         f"  saved   {meta.get('config')}\n  current {tc.fingerprint()}\n"
+                         "use another --out or delete the checkpoint")
+    log(f"resumed from {ckpt} at step {int(state.step)}")
+    return state
 
 
-def loss_fn(cfg: LlamaConfig, params, batch: jax.Array, masked: bool = False) -> jax.Array:
-    """Mean loss per target token of the batch."""
-    if not masked:
-        return jnp.mean(row_losses(cfg, params, batch))
-    n = jnp.sum(batch[:, 1:] != D.PAD_ID, axis=-1)
-    return jnp.sum(row_losses(cfg, params, batch, True) * n) / jnp.maximum(jnp.sum(n), 1)
+def final_eval(summary: dict, eval_step, state, held_seqs, batch: int, info: dict,
+               epochs: float, log) -> None:
+    """The held-out loss of the finished run (and bits per byte where the corpus recorded
+    its bytes), added to ``summary`` and logged."""
+    hl = evaluate(eval_step, state.params, held_seqs, batch)
+    summary.update(heldout_loss=hl, heldout_ppl=math.exp(hl))
+    bpb = ""
+    if "heldout_bytes" in info:   # the corpus (regenerated sequences do not record bytes)
+        summary["heldout_bits_per_byte"] = (hl * info["heldout_tokens"] / info["heldout_bytes"]
+                                            / math.log(2))
+        bpb = f", {summary['heldout_bits_per_byte']:.3f} bits/byte"
+    tl = summary["train_loss_last20"]
+    log(f"final: step {int(state.step)}, train loss (last 20 steps of this run) "
+        f"{'n/a' if tl is None else f'{tl:.4f}'}, "
+        f"held-out loss {hl:.4f} (ppl {math.exp(hl):.2f}{bpb}), "
+        f"{summary['tokens_seen']:,} tokens seen ({epochs:.2f} epochs)")
 
 
-@functools.lru_cache(maxsize=8)
-def compiled_steps(cfg: LlamaConfig, lr: float, warmup: int, steps: int, weight_decay: float,
-                   clip: float, masked: bool = False):
-    """``(tx, train_step, eval_step)``, cached so equal settings reuse the compiled programs."""
-    tx = make_optimizer(lr, warmup, steps, weight_decay, clip)
-    return (tx, *make_steps(cfg, tx, masked))
+def append_line(path: Path, **record) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
-def make_steps(cfg: LlamaConfig, tx, masked: bool = False):
-    @jax.jit
-    def train_step(state: TrainState, batch):
-        loss, grads = jax.value_and_grad(lambda p: loss_fn(cfg, p, batch, masked))(state.params)
-        key, _ = jax.random.split(state.key)  # no dropout; kept so the key advances like a real run
-        gnorm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree_util.tree_leaves(grads)))
-        return state.apply_gradients(grads, tx).replace(key=key), loss, gnorm
-
-    @jax.jit
-    def eval_step(params, batch):
-        return row_losses(cfg, params, batch, masked)
-
-    return train_step, eval_step
+def describe(cfg: LlamaConfig) -> str:
+    return (f"{cfg.num_layers} layers, hidden {cfg.hidden_size}, heads "
+            f"{cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim}, mlp {cfg.intermediate_size}, "
+            f"vocab {cfg.vocab_size}, tied embeddings")
 
 
-def evaluate(eval_step, params, seqs: np.ndarray, batch: int, max_batches: int | None = None):
-    """Mean held-out loss per target token over ``seqs`` (the last batch padded by repeating
-    rows, which are ignored; ``D.PAD_ID`` targets are not counted)."""
-    nb = math.ceil(len(seqs) / batch)
-    if max_batches is not None:
-        nb = min(nb, max_batches)
-    total, count = 0.0, 0
-    for i in range(nb):
-        rows = seqs[i * batch:(i + 1) * batch]
-        k = len(rows)
-        if k < batch:  # one compiled shape: pad by repetition, count only the real rows
-            rows = np.concatenate([rows, np.repeat(rows[:1], batch - k, axis=0)])
-        losses = np.asarray(eval_step(params, jnp.asarray(rows, jnp.int32)))
-        n = np.sum(rows[:k, 1:] != D.PAD_ID, axis=1)
-        total += float(np.sum(losses[:k] * n, dtype=np.float64))
-        count += int(np.sum(n))
-    return total / max(count, 1)
+def progress_bar(start: int, end: int):
+    from tqdm import tqdm
+    return tqdm(total=end, initial=start, desc="train", unit="step", mininterval=5,
+                dynamic_ncols=True, file=sys.stderr)
 
-
-def param_count(params) -> int:
-    return int(sum(np.prod(np.shape(p)) for p in jax.tree_util.tree_leaves(params)))
-
-
-# ----------------------------------------------------------------------------- training
 
 def train(tc: TrainConfig, log=print):
     """Run (or resume) training. Returns ``(state, model_cfg, tokenizer, summary dict)``."""
@@ -206,50 +168,29 @@ def train(tc: TrainConfig, log=print):
     state = TrainState.create(init_params(cfg, init_key), tx, run_key)
     n_params = param_count(state.params)
     ckpt = out / STATE_FILE
-    if ckpt.is_file():
-        state, meta = load_train_state(ckpt, state)
-        if meta.get("config") != tc.fingerprint():
-            raise ValueError(f"{ckpt} was written by a run with different settings:\n"
-                             f"  saved   {meta.get('config')}\n  current {tc.fingerprint()}\n"
-                             "use another --out or delete the checkpoint")
-        log(f"resumed from {ckpt} at step {int(state.step)}")
-    else:
-        (out / "run_config.json").write_text(json.dumps(dataclasses.asdict(tc), indent=1))
-    log(f"model: {n_params:,} parameters ({cfg.num_layers} layers, hidden {cfg.hidden_size}, "
-        f"heads {cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim}, mlp {cfg.intermediate_size}, "
-        f"vocab {cfg.vocab_size}, tied embeddings)")
+    state = resume(tc, ckpt, state, log)
+    log(f"model: {n_params:,} parameters ({describe(cfg)})")
     it = D.BatchIterator(train_seqs, tc.batch, tc.seed, pos=int(state.data_pos))
     # target tokens per step (fewer than batch x seq_len with --seqs' padding)
     tokens_per_step = tc.batch * float(np.mean(np.sum(train_seqs[:, 1:] != D.PAD_ID, axis=1)))
     meta = {"config": tc.fingerprint()}
-    hist_path = out / "history.jsonl"
-
-    def record(**kw):
-        with open(hist_path, "a") as f:
-            f.write(json.dumps(kw) + "\n")
-
+    record = functools.partial(append_line, out / "history.jsonl")
     start = int(state.step)
     end = tc.steps if tc.stop_at is None else min(tc.steps, tc.stop_at)
     recent: list[float] = []
     t0 = time.time()
-    bar = None
-    if tc.progress and end > start:
-        from tqdm import tqdm
-        bar = tqdm(total=end, initial=start, desc="train", unit="step", mininterval=5,
-                   dynamic_ncols=True, file=sys.stderr)
+    bar = progress_bar(start, end) if tc.progress and end > start else None
     echo = bar.write if bar is not None else log
     for step in range(start, end):
         batch = jnp.asarray(next(it))
         state, loss, gnorm = train_step(state, batch)
         s = step + 1
         recent = (recent + [float(loss)])[-20:]
-        if s % 10 == 0 or s == end:
-            if bar is not None:
-                el = time.time() - t0
-                bar.set_postfix(loss=f"{np.mean(recent):.3f}", gnorm=f"{float(gnorm):.2f}",
-                                tok_s=f"{(s - start) * tokens_per_step / max(el, 1e-9):.0f}",
-                                refresh=False)
         if bar is not None:
+            if s % 10 == 0 or s == end:
+                rate = (s - start) * tokens_per_step / max(time.time() - t0, 1e-9)
+                bar.set_postfix(loss=f"{np.mean(recent):.3f}", gnorm=f"{float(gnorm):.2f}",
+                                tok_s=f"{rate:.0f}", refresh=False)
             bar.update(1)
         if tc.eval_every and s % tc.eval_every == 0 and s != tc.steps:
             hl = evaluate(eval_step, state.params, held_seqs, tc.batch, tc.eval_batches)
@@ -268,20 +209,9 @@ def train(tc: TrainConfig, log=print):
                "wall_s_this_run": wall, "train_loss_last20": float(np.mean(recent)) if recent else None,
                "epochs": it.epoch, "train_tokens": int(info["train_tokens"])}
     if int(state.step) >= end:
-        hl = evaluate(eval_step, state.params, held_seqs, tc.batch)
-        summary.update(heldout_loss=hl, heldout_ppl=math.exp(hl))
-        bpb = ""
-        if "heldout_bytes" in info:   # the corpus (regenerated sequences do not record bytes)
-            summary["heldout_bits_per_byte"] = (hl * info["heldout_tokens"] / info["heldout_bytes"]
-                                                / math.log(2))
-            bpb = f", {summary['heldout_bits_per_byte']:.3f} bits/byte"
-        tl = summary["train_loss_last20"]
-        log(f"final: step {int(state.step)}, train loss (last 20 steps of this run) "
-            f"{'n/a' if tl is None else f'{tl:.4f}'}, "
-            f"held-out loss {hl:.4f} (ppl {math.exp(hl):.2f}{bpb}), "
-            f"{summary['tokens_seen']:,} tokens seen ({it.epoch:.2f} epochs)")
-        record(step=int(state.step), train_loss=summary["train_loss_last20"], heldout_loss=hl,
-               wall_s=wall, final=True)
+        final_eval(summary, eval_step, state, held_seqs, tc.batch, info, it.epoch, log)
+        record(step=int(state.step), train_loss=summary["train_loss_last20"],
+               heldout_loss=summary["heldout_loss"], wall_s=wall, final=True)
     return state, cfg, tok, summary
 
 

@@ -1,7 +1,7 @@
 """Write ``tests/data/parity_golden.npz``: transformers' fp32 logits for a tiny random Llama.
 
 Needs torch + transformers (the ``hf`` extra); the test that reads the file
-(``tests/test_llama_parity.py::test_golden_parity``) does not.
+(``tests/model/test_llama_parity.py::test_golden_parity``) does not.
 
 Config: untied embeddings, GQA 2 (4 query heads, 2 KV heads), head_dim 16 with
 hidden 48 (so head_dim != hidden / heads), llama3 RoPE scaling with
@@ -27,7 +27,8 @@ import numpy as np
 import torch
 import transformers
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(TESTS, "model"))
 from test_llama_parity import randomize_  # noqa: E402  (the parity test's own initialisation)
 
 SEED = 1234

@@ -23,7 +23,7 @@ def test_engine_programs_compile_for_a_v5e_slice():
     why = aot.missing("v5e")
     if why:
         pytest.skip(why)
-    from jspec.bench.serve_plan import serve_plan
+    from benchmarks.serve_plan import serve_plan
     from jspec.platform import building_for
     from jspec.sharding import make_mesh
 
@@ -47,7 +47,7 @@ def test_engine_programs_compile_for_an_h200(tmp_path):
     python = aot.gpu_python()
     if python is None:
         pytest.skip(f"no GPU compiler: set {aot.GPU_PYTHON_ENV} to a Python with the gpu-aot "
-                    "extra (README: \"Compiling for TPUs and GPUs without one\")")
+                    "extra (docs/accelerators.md)")
     out = tmp_path / "plan.json"
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_SKIP_CUDA_CONSTRAINTS_CHECK="1")
     r = subprocess.run([python, "-m", "jspec.bench", "serve-plan", "--topology", "h200",

@@ -35,7 +35,7 @@ def stories(stories_dir):
 @pytest.fixture(scope="module")
 def plain(stories):
     """Plain decoding of every prompt in one static batch (rows of a static batch equal
-    the row alone: tests/test_generate.py)."""
+    the row alone: tests/decode/test_generate.py)."""
     target, prompts = stories
     return jspec.generate(target, prompts, max_new_tokens=LIMITS, stop_ids=[]).tokens
 

@@ -23,6 +23,15 @@ def test_buckets_and_labels():
     assert mode_label(SpecConfig(5, 4, 8, "calibrated")) == "5,4,8/cal"
 
 
+def test_a_near_tie_goes_to_plain():
+    chain = SpecConfig.chain(3)
+    rates = {1: {"plain": 400.0, "3,1,4": 415.0}, 2: {"plain": 400.0, "3,1,4": 425.0},
+             4: {"3,1,4": 415.0, "default": 400.0}}
+    got = pick(rates, [PLAIN, chain, None]).picks
+    assert got == {1: PLAIN, 2: chain, 4: chain}          # 3.75% is a tie, 6.25% is not;
+    assert pick(rates, [PLAIN, chain, None], margin=1.0).picks[1] == chain   # no plain: fastest
+
+
 def test_stored_picks_round_trip(tmp_path, caplog):
     rates = {1: {"plain": 400.0, "3,1,4": 650.0}, 2: {"plain": 640.0, "3,1,4": 620.0}}
     policy = pick(rates, [PLAIN, SpecConfig.chain(3)])
