@@ -298,6 +298,18 @@ def weighted_walk(comps: dict, root: str, totals: dict, visit, *, into_fusions: 
     walk(root, 1, True)
 
 
+def prefill_loop_body(comps: dict, entry: str, trips: int) -> str | None:
+    """The body of the chunked prefill's scan (:mod:`jspec.prefill`): the ENTRY ``while``
+    that runs ``trips`` times (the prompt's chunks after the first), the biggest if several;
+    None without one (a prompt of one chunk)."""
+    loops = [i for i in comps[entry] if i.opcode == "while"
+             and loop_trips(i.attrs, comps) == trips]
+    if not loops or trips < 1:
+        return None
+    return max((callees(i.attrs, ("body",))[0] for i in loops),
+               key=lambda c: len(comps.get(c, [])))
+
+
 def decode_loop_body(comps: dict, entry: str) -> str | None:
     """The body of the generate loop: of the ENTRY computation's ``while`` loops, the one
     without a fixed trip count (it runs until every row is done; a prefill's scanned layer

@@ -44,13 +44,14 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from benchmarks.anatomy import Setup, abstract_drafter, abstract_target_params, parse_spec
 from benchmarks.collectives import loop_collectives
-from benchmarks.hlo import pool_key
+from benchmarks.hlo import parse_hlo, pool_key, prefill_loop_body
 from benchmarks.hlo_bytes import kernel_bytes
 
 from jspec import aot
 from jspec.bench import common, configs
 from jspec.bench.registry import Command, run_module
 from jspec.platform import building_for
+from jspec.prefill import chunk_plan
 from jspec.serving_layout import default_stacked
 from jspec.sampling import SamplingConfig
 from jspec.spec_decode import SpecDecoder, tree_shape
@@ -225,6 +226,12 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
                                      if getattr(state.draft, "cache", None) is not None else [])
     info["iteration_io_MB"] = round(kernel_bytes(text, _local_pools(pools, cfg, mesh),
                                                  root="decode loop")["weighted"] / 1e6, 1)
+    # One chunk of the prefill's scan (jspec.prefill): a prompt of one chunk has none.
+    n_chunks, C = chunk_plan(a["prompt"].shape[1], dec.prefill_chunk)
+    body = prefill_loop_body(*parse_hlo(text), n_chunks - 1)
+    info.update(prefill_chunks=n_chunks, prefill_chunk=C, prefill_chunk_io_MB=None if body is None
+                else round(kernel_bytes(text, _local_pools(pools, cfg, mesh),
+                                        root=body)["weighted"] / 1e6, 1))
     if plain_step:
         if log:
             log("compiling plain decoding on the same mesh ...")

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax.sharding import Mesh
 
-from jspec import kernels, kv_cache as kvc
+from jspec import kernels, kv_cache as kvc, prefill as chunked
 from jspec.config import LlamaConfig
 from jspec.llama import forward, logits as lm_logits
 from jspec.serving_layout import pack_params
@@ -109,14 +109,17 @@ class PlainDecoder:
     num_pages: int
     mesh: Mesh | None = None  # shard the KV pool over KV heads on this mesh
     kernels: str = "reference"  # see jspec.kernels
+    prefill_chunk: int | None = None  # tokens per prefill chunk (None: jspec.prefill's default)
 
     def prefill(self, params, prompt, prompt_lens, cache):
-        """Run the padded prompt block; returns last-position logits and the cache."""
-        B, T = prompt.shape
-        pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        valid = pos < prompt_lens[:, None]
-        hidden, _, cache = forward(self.config, params, prompt, pos, cache, valid=valid)
-        last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
+        """Run the padded prompt in chunks (:mod:`jspec.prefill`); returns last-position
+        logits and the cache."""
+        def step(carry, chunk, first):
+            cache, last = carry
+            hidden, _, cache = chunked.target_chunk(self.config, params, cache, chunk)
+            return cache, chunked.keep_last(chunk, chunk.take_last(hidden), last)
+
+        cache, last = chunked.run(prompt, prompt_lens, self.prefill_chunk, step, (cache, None))
         logits = lm_logits(self.config, params, last)
         return logits, cache.replace(lengths=prompt_lens.astype(jnp.int32))
 

@@ -47,7 +47,8 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              key: jax.Array | None = None, stop_ids=None, max_len: int | None = None,
              page_size: int = 16, num_pages: int | None = None, kv_admission: str = "reserve",
-             prompt_bucket: int = 16, mesh=None, drafter=None,
+             prompt_bucket: int = 16, prefill_chunk: int | None = None, mesh=None,
+             drafter=None,
              spec: SpecConfig | str | None = None,
              forced_accept: float = 0.0, profile: bool = False,
              kernels: str = "auto", slots: int | None = None) -> GenerationResult:
@@ -59,7 +60,9 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     sampling; each row draws from its own key, so a row samples the same alone or in a batch.
     ``max_len``: KV slots per row (default: padded prompt + max_new_tokens, plus the
     speculative overshoot). ``num_pages``: the page budget (default: enough for every row
-    at ``max_len``). ``kv_admission``: what a budget too small for the batch does.
+    at ``max_len``). ``prefill_chunk``: the prompt is prefilled this many tokens at a time
+    (default 512; :mod:`jspec.prefill`), so its memory grows with the prompt, not its
+    square. ``kv_admission``: what a budget too small for the batch does.
     ``"reserve"`` (default) reserves every row's pages for its prompt, ``max_new_tokens`` and
     the speculative overshoot up front, and refuses a batch that does not fit with
     :class:`jspec.KVCacheExhaustedError` before compiling. ``"partial"`` gives every row its
@@ -116,7 +119,8 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
         raise ValueError("profile=True does not support a mesh; profile on one device")
     p = plan(target, prompts, max_new_tokens=max_new_tokens,
              sampling=SamplingConfig(temperature, top_k, top_p), stop_ids=stop_ids,
-             kv=KVConfig(page_size, num_pages, max_len, kv_admission, prompt_bucket), mesh=mesh,
+             kv=KVConfig(page_size, num_pages, max_len, kv_admission, prompt_bucket,
+                         prefill_chunk), mesh=mesh,
              drafter=drafter, spec=spec, forced_accept=forced_accept, kernels=kernels)
     t0 = time.perf_counter()
     state, prof = p.run(jax.random.key(seed) if key is None else key, profile=profile)

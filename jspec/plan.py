@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec import distributed as dist
-from jspec import kv_cache as kvc
+from jspec import kv_cache as kvc, position_stats
 from jspec.decode import STOP_REASONS, PlainDecoder
 from jspec.kernels import check_mode as check_kernels, resolve as resolve_kernels
 from jspec.sampling import SamplingConfig
@@ -43,20 +43,24 @@ class KVConfig:
     (None: padded prompt + new tokens + overshoot). ``admission``: ``"reserve"`` refuses a
     batch whose whole need does not fit, ``"partial"`` admits rows with fewer pages, which
     stop with ``cache_full`` (see :func:`admit`). ``prompt_bucket``: prompts are padded to a
-    multiple of it, so similar lengths share one compiled program."""
+    multiple of it, so similar lengths share one compiled program. ``prefill_chunk``: tokens
+    per prefill chunk (:mod:`jspec.prefill`; None: its default, 512), which bounds the
+    prefill's temporaries by the chunk instead of the prompt's square."""
 
     page_size: int = 16
     num_pages: int | None = None
     max_len: int | None = None
     admission: str = "reserve"
     prompt_bucket: int = 16
+    prefill_chunk: int | None = None
 
     def __post_init__(self):
         if self.admission not in ADMISSIONS:
             raise ValueError(f"kv_admission={self.admission!r}: expected one of {ADMISSIONS}")
-        if self.page_size < 1 or self.prompt_bucket < 1:
-            raise ValueError(f"page_size and prompt_bucket must be >= 1, got {self.page_size}, "
-                             f"{self.prompt_bucket}")
+        if self.page_size < 1 or self.prompt_bucket < 1 or (self.prefill_chunk is not None
+                                                            and self.prefill_chunk < 1):
+            raise ValueError(f"page_size, prompt_bucket and prefill_chunk must be >= 1, got "
+                             f"{self.page_size}, {self.prompt_bucket}, {self.prefill_chunk}")
 
 
 def prompt_ids(target: Target, prompts) -> tuple[list[list[int]], bool]:
@@ -226,7 +230,8 @@ class Plan:
     def batch(self) -> int:
         return len(self.ids)
 
-    def _call_args(self, key):
+    def call_args(self, key):
+        """The decoder's arguments, in its ``run`` order, for ``key``."""
         prompt, lens, table, stops, limits = self.args
         params = self.target.serving_params
         if self.drafter is None:
@@ -236,8 +241,8 @@ class Plan:
     def run(self, key: jax.Array, profile: bool = False):
         """``(final state, profile dict or None)``."""
         if profile and self.drafter is not None:     # plain decoding has no phases to split
-            return self.decoder.profile(*self._call_args(key))
-        return self.decoder.run(*self._call_args(key)), None
+            return self.decoder.profile(*self.call_args(key))
+        return self.decoder.run(*self.call_args(key)), None
 
     def lower(self, key: jax.Array | None = None):
         """The decoder's whole program lowered with abstract arguments (nothing runs)."""
@@ -245,7 +250,7 @@ class Plan:
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                                                sharding=getattr(x, "sharding",
                                                                                 None)),
-                                self._call_args(key))
+                                self.call_args(key))
         return self.decoder.run.trace(self.decoder, *abstract).lower()
 
     def collect(self, state) -> tuple[list[list[int]], list[dict]]:
@@ -253,25 +258,30 @@ class Plan:
         spec = self.drafter is not None
         out = (state.tokens, state.num_generated, state.stop_reason,
                state.iterations if spec else state.num_generated,
-               state.accept_hist if spec else None)
+               state.accept_hist if spec else None, state.accept_by_pos if spec else None)
         if self.multi:                      # this process's rows of the global arrays
             out = tuple(None if x is None else dist.local_rows(self.mesh, x) for x in out)
-        toks, n, reasons, iters, hist = jax.device_get(out)
+        toks, n, reasons, iters, hist, by_pos = jax.device_get(out)
         lens = np.asarray([len(p) for p in self.ids])
         tokens = [toks[r, :n[r]].tolist() for r in range(self.batch)]
         stats = [row_stats(int(lens[r]), int(n[r]), int(iters[r]), int(reasons[r]),
-                           None if hist is None else hist[r]) for r in range(self.batch)]
+                           None if hist is None else hist[r],
+                           None if by_pos is None else by_pos[r]) for r in range(self.batch)]
         return tokens, stats
 
 
-def row_stats(prompt_len: int, new_tokens: int, iterations: int, reason: int, hist) -> dict:
-    """A row's stats as ``generate`` and the engine report them."""
+def row_stats(prompt_len: int, new_tokens: int, iterations: int, reason: int, hist,
+              by_pos=None) -> dict:
+    """A row's stats as ``generate`` and the engine report them; ``by_pos``: the row's
+    :mod:`jspec.position_stats` table, reported as ``accept_by_position``."""
     row = {"prompt_len": prompt_len, "new_tokens": new_tokens, "iterations": iterations,
            "stop_reason": STOP_REASONS[reason]}
     if hist is not None:
         h = np.asarray(hist)
         row["accept_hist"] = h.tolist()   # [n] = verify passes that emitted n tokens
         row["mean_accept_len"] = float((h * np.arange(len(h))).sum() / max(1, h.sum()))
+    if by_pos is not None:
+        row["accept_by_position"] = position_stats.summary(by_pos)
     return row
 
 
@@ -320,7 +330,8 @@ def plan(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
     else:
         rows = [jnp.asarray(x) for x in rows]
     common = dict(config=target.config, sampling=sampling, max_new_tokens=cap_new,
-                  page_size=kv.page_size, num_pages=num_pages, mesh=mesh, kernels=kernels)
+                  page_size=kv.page_size, num_pages=num_pages, mesh=mesh, kernels=kernels,
+                  prefill_chunk=kv.prefill_chunk)
     served = None
     if drafting is None:
         decoder = PlainDecoder(**common)

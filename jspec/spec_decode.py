@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax.sharding import PartitionSpec as P
 
-from jspec import kernels, kv_cache as kvc
+from jspec import kernels, kv_cache as kvc, position_stats, prefill as chunked
 from jspec.config import LlamaConfig
 from jspec.decode import MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, emit_block, finite_rows
 from jspec.llama import forward, logits as lm_logits
@@ -57,6 +57,7 @@ class SpecState:
     iterations: Int["B"]             # verify passes while the row was live
     accept_hist: Int["B A1"]         # accept_hist[b, n] = iterations that emitted n tokens
     row_keys: Key["B"]
+    accept_by_pos: Int["B P 2"]      # per context-position bucket (jspec.position_stats)
 
 
 def verify_padding(batch: int, nodes: int) -> int:
@@ -92,6 +93,7 @@ class SpecDecoder:
     # the neighbours, and it accepts as often as tree rejection sampling for the
     # deterministic (top-K) drafts every kind makes: P(some child kept) = sum of p(children).
     coupled: bool = False
+    prefill_chunk: int | None = None  # tokens per prefill chunk (None: jspec.prefill's default)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -113,27 +115,35 @@ class SpecDecoder:
 
     def prefill_into(self, params, dparams, cache, dstate, prompt, prompt_lens, key):
         """Prefill ``prompt [B, T]`` into a given cache and drafter state (fresh ones, or,
-        in the serving engine, one row's pages of the live pools). Returns ``(cache, drafter
-        state, first token, row keys, finite)``."""
-        c = self.config
+        in the serving engine, one row's pages of the live pools), chunk by chunk
+        (:mod:`jspec.prefill`): each chunk through the target, then its (feature, next
+        token) pairs into the drafter (``prefill`` for the first chunk, ``extend`` after).
+        A row's last pair takes the first generated token, sampled in the chunk that holds
+        the row's last prompt position. Returns ``(cache, drafter state, first token, row
+        keys, finite)``."""
+        c, d = self.config, self.drafter
         params = pack_params(c, params)
-        B, T = prompt.shape
-        pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        valid = pos < prompt_lens[:, None]
-        hidden, aux, cache = forward(c, params, prompt, pos, cache, valid=valid,
-                                     aux_layers=self.aux_layers)
-        last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
-        logits = lm_logits(c, params, last)
+        B = prompt.shape[0]
         # One key (split per row here) or the rows' keys (split before a data-sharded loop).
         row_keys = key if key.shape else jax.random.split(key, B)
-        first = sample(logits, jax.vmap(jax.random.fold_in)(row_keys, jnp.zeros(B, jnp.int32)),
-                       self.sampling)
-        # Pairs (feature at i, token i+1): the prompt shifted by one, then the first token.
-        nxt = jnp.concatenate([prompt[:, 1:], jnp.zeros((B, 1), prompt.dtype)], 1)
-        nxt = jnp.where(pos == (prompt_lens - 1)[:, None], first[:, None], nxt)
-        d = self.drafter
-        dstate = d.prefill(dparams, (c, params), dstate, d.features(hidden, aux, prompt), nxt,
-                           prompt_lens, kernels=self.kernels)
+        keys0 = jax.vmap(jax.random.fold_in)(row_keys, jnp.zeros(B, jnp.int32))
+
+        def step(carry, chunk, first_chunk):
+            cache, dstate, logits = carry
+            hidden, aux, cache = chunked.target_chunk(c, params, cache, chunk, self.aux_layers)
+            logits = chunked.keep_last(chunk, lm_logits(c, params, chunk.take_last(hidden)),
+                                       logits)
+            first = sample(logits, keys0, self.sampling)
+            nxt = jnp.where(chunk.positions == (prompt_lens - 1)[:, None], first[:, None],
+                            chunk.next_tokens)
+            feed = d.prefill if first_chunk else d.extend
+            dstate = feed(dparams, (c, params), dstate, d.features(hidden, aux, chunk.tokens),
+                          nxt, chunk.count, kernels=self.kernels)
+            return cache, dstate, logits
+
+        cache, dstate, logits = chunked.run(prompt, prompt_lens, self.prefill_chunk, step,
+                                            (cache, dstate, None))
+        first = sample(logits, keys0, self.sampling)
         return (cache.replace(lengths=prompt_lens.astype(jnp.int32)), dstate, first, row_keys,
                 finite_rows(logits))
 
@@ -253,7 +263,9 @@ class SpecDecoder:
                                          toks, n, kernels=self.kernels)
         hist = s.accept_hist.at[jnp.arange(toks.shape[0]), n].add(live.astype(jnp.int32))
         s = s.replace(cache=cache, draft=dstate, root=jnp.where(live, bonus, s.root),
-                      iterations=s.iterations + live.astype(jnp.int32), accept_hist=hist)
+                      iterations=s.iterations + live.astype(jnp.int32), accept_hist=hist,
+                      accept_by_pos=position_stats.record(s.accept_by_pos, s.cache.lengths, n,
+                                                          live))
         return self.emit(s, toks, n, stop_ids, max_new, finite)
 
     def iterate(self, params, dparams, s: SpecState, stop_ids, max_new) -> SpecState:
@@ -280,7 +292,7 @@ class SpecDecoder:
             num_generated=jnp.zeros((B,), jnp.int32), done=max_new <= 0,
             stop_reason=jnp.where(max_new <= 0, MAX_NEW_TOKENS, RUNNING),
             iterations=jnp.zeros((B,), jnp.int32), accept_hist=jnp.zeros((B, S + 2), jnp.int32),
-            row_keys=row_keys)
+            row_keys=row_keys, accept_by_pos=position_stats.empty(B))
         return self.emit(s, first[:, None], finite.astype(jnp.int32), stop_ids, max_new, finite)
 
     @functools.partial(jax.jit, static_argnames=("self",))

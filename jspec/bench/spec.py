@@ -38,6 +38,7 @@ import numpy as np
 from jspec.bench import common
 from jspec.bench.plain import describe, load, make_prompts
 from jspec.bench.registry import Command
+from jspec import position_stats
 from jspec.bench.spec_simulate import SIM_COLUMNS, run_simulate, spec_shape
 from jspec.drafters import registry
 from jspec.spec_config import SpecConfig
@@ -160,18 +161,24 @@ def run_spec(target: Target, batch: int = 1, new_tokens: int = 128, prompt_len: 
              "tokens/s": plain_tps, "accept len": 1.0, "speedup": 1.0, "same tokens": True,
              "median s": med, "first s": first}]
     for (name, d, mode, spec), t in zip(cases, timed[1:]):
-        first, med, res = t.first, t.median, t.result
-        acc = float(np.mean([s["mean_accept_len"] for s in res.stats]))
-        tps = total / med
-        row = {"drafter": name, "mode": mode, "S,K,N": spec_shape(d, spec),
-               "compile s": max(0.0, first - med), "tokens/s": tps, "accept len": acc,
-               "speedup": tps / plain_tps, "same tokens": res.tokens == plain_toks,
-               "median s": med, "first s": first}
-        rows.append(row)
+        rows.append(spec_row(name, mode, spec_shape(d, spec), t, total, plain_tps, plain_toks))
         if log:
-            log(f"  {name} {mode} ({row['S,K,N']}): {tps:.1f} tok/s, accept {acc:.2f}, "
-                f"same tokens {'yes' if row['same tokens'] else 'NO'}")
+            r = rows[-1]
+            log(f"  {name} {mode} ({r['S,K,N']}): {r['tokens/s']:.1f} tok/s, accept "
+                f"{r['accept len']:.2f}, same tokens {'yes' if r['same tokens'] else 'NO'}")
     return rows
+
+
+def spec_row(name: str, mode: str, shape, t, total: int, plain_tps: float, plain_toks) -> dict:
+    """One drafter variant's row from its :class:`jspec.timing.Timing`."""
+    med, res = t.median, t.result
+    tps = total / med
+    return {"drafter": name, "mode": mode, "S,K,N": shape, "compile s": max(0.0, t.first - med),
+            "tokens/s": tps, "accept len": float(np.mean([s["mean_accept_len"]
+                                                           for s in res.stats])),
+            "speedup": tps / plain_tps, "same tokens": res.tokens == plain_toks,
+            "median s": med, "first s": t.first,
+            "by position": position_stats.merge(s["accept_by_position"] for s in res.stats)}
 
 
 # --------------------------------------------------------------------------- CLI
@@ -199,6 +206,12 @@ def add_args(s) -> None:
                    help="part B: its draft vocabulary (0: the target's)")
     s.add_argument("--sim-spec", nargs="+", default=["5,4,8", "4,1,5"], metavar="S,K,N",
                    help="part B: tree knobs to simulate")
+
+
+def print_by_position(rows) -> None:
+    print("\nmean accept length by context position (verify passes):")
+    print(position_stats.table({f"{r['drafter']} {r['mode']}": r["by position"]
+                                for r in rows if "by position" in r}))
 
 
 def check_args(args) -> None:
@@ -237,6 +250,7 @@ def main(args) -> dict:
     who = (f"prompts from {args.prompts}; --drafter checkpoints" if text else
            "random-weight drafters, so their accept length is ~1; oracle = the plain greedy "
            "continuation planted as the best path")
+    print_by_position(rows)
     print(f"\n(tokens/s: all rows' tokens / median wall_s, prefill included; speedup: over plain "
           f"in this run, all variants timed round-robin; {who}. load avg {common.load_avg()})")
     payload = {"benchmark": "spec", "model": source, "description": describe(target, source),

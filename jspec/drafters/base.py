@@ -7,10 +7,12 @@ compiled driver) and a parameter pytree. The driver calls:
 - ``init_state(batch, page_table, num_pages, page_size)`` -> drafter state (inside jit);
 - every call below that runs the network also takes ``kernels=`` (keyword, static): the
   attention implementation, a concrete :mod:`jspec.kernels` mode (default "reference");
-- ``prefill(params, target, state, feats, next_tokens, lens)`` after the target prefill:
-  ``feats [B, T, F]`` are the target's features at each prompt position and
-  ``next_tokens [B, T]`` the token that follows each position (prompt shifted by one,
-  then the first generated token);
+- ``prefill(params, target, state, feats, next_tokens, lens)`` after the target prefill's
+  first chunk (:mod:`jspec.prefill`): ``feats [B, C, F]`` are the target's features at
+  each of its positions and ``next_tokens [B, C]`` the token that follows each position
+  (prompt shifted by one, then the first generated token), ``lens`` the valid ones per
+  row; every later chunk of a long prompt comes as an ``extend`` of its pairs, so the
+  two must compose as one whole-prompt ``prefill`` does;
 - ``propose(params, target, state, root, spec)`` -> :class:`~jspec.tree.build.DraftTree`
   (N nodes, root = the last emitted token); ``target`` is ``(target_config, target_params)``;
   dynamic-tree drafters also expose ``draft_pool(params, target, state, spec)``, the scored

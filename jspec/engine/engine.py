@@ -83,7 +83,9 @@ class Engine:
     decode call, between which rows are refilled and output is streamed. ``mesh``: a
     ``(1, model)`` mesh (:func:`jspec.sharding.make_mesh`) for tensor parallelism within a
     host, the target placed on it (``jspec.load_target(path, mesh=mesh)``); data parallelism
-    is one engine per host (``python -m jspec run --distributed``).
+    is one engine per host (``python -m jspec run --distributed``). ``prefill_chunk``: an
+    inserted prompt is prefilled this many tokens at a time (:mod:`jspec.prefill`; default
+    512), so a long prompt's insert needs memory for a chunk, not the prompt's square.
     """
 
     def __init__(self, target: Target, drafter=None, *, slots: int | None = None, spec=None,
@@ -91,7 +93,8 @@ class Engine:
                  sampling: SamplingConfig = SamplingConfig(), max_new_tokens: int = 256,
                  max_len: int | None = None, page_size: int = 16, num_pages: int | None = None,
                  chunk: int = 8, prompt_bucket: int = 16, stop_width: int = 8,
-                 kernels: str = "auto", longest_prompt: int | None = None, mesh=None):
+                 kernels: str = "auto", longest_prompt: int | None = None, mesh=None,
+                 prefill_chunk: int | None = None):
         check_kernels(kernels)
         B = default_slots() if slots is None else int(slots)
         if B < 1 or chunk < 1 or max_new_tokens < 1:
@@ -129,7 +132,8 @@ class Engine:
             config=target.config, drafter=None if drafter is None else self.drafter.module,
             sampling=sampling, slots=B, max_new_tokens=self.max_new_tokens, max_depth=S,
             max_nodes=max(N, 1), page_size=page_size, num_pages=num_pages, max_pages=max_pages,
-            stop_width=stop_width, chunk=chunk, kernels=kernels, mesh=mesh)
+            stop_width=stop_width, chunk=chunk, kernels=kernels, mesh=mesh,
+            prefill_chunk=prefill_chunk)
         self._dparams = None if drafter is None else self.drafter.params
         self.state = None
         self.chunk_log: list[tuple[int, int, str]] = []   # (live, bucket, mode) per decode call
@@ -301,9 +305,9 @@ class Engine:
     def _deltas(self, live: list[int], slots: list, now: float) -> Iterator[Delta]:
         """What the chunk added to each live slot; finished rows complete and free their slot."""
         core = self.state.core
-        done, n, reason, iters, hist, toks = jax.device_get(
+        done, n, reason, iters, hist, by_pos, toks = jax.device_get(
             (core.done, core.num_generated, core.stop_reason, core.iterations, core.accept_hist,
-             core.tokens))
+             core.accept_by_pos, core.tokens))
         for s in live:
             lv = slots[s]
             m = int(n[s])
@@ -316,8 +320,9 @@ class Engine:
                 if new:
                     yield Delta(lv.req.id, lv.index, new, text)
                 continue
+            spec = self.drafter is not None
             stats = row_stats(len(lv.ids), m, int(iters[s]), int(reason[s]),
-                              hist[s] if self.drafter is not None else None)
+                              hist[s] if spec else None, by_pos[s] if spec else None)
             stats.update(latency_s=now, first_token_s=lv.first_s)
             out = toks[s, :m].tolist()
             full = None if self.target.tokenizer is None else self.target.tokenizer.decode(out)

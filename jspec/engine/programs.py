@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jspec import kernels as kernel_modes, kv_cache as kvc
+from jspec import kernels as kernel_modes, kv_cache as kvc, position_stats
 from jspec.config import LlamaConfig
 from jspec.decode import (MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, PlainDecoder, emit_block,
                           finite_rows)
@@ -66,6 +66,7 @@ class Programs:
     chunk: int                      # iterations per decode call
     kernels: str = "reference"      # the target's and the drafter's attention (jspec.kernels)
     mesh: Any = None                # a (1, model) mesh: the target's pools over its KV heads
+    prefill_chunk: int | None = None  # insert's prefill chunk (jspec.prefill; None: default)
 
     # ----------------------------------------------------------------- helpers
     def pinned(self, state: SlotState) -> SlotState:
@@ -78,7 +79,8 @@ class Programs:
         return SpecDecoder(config=self.config, drafter=self.drafter, spec=spec,
                            sampling=self.sampling, max_new_tokens=self.max_new_tokens,
                            page_size=self.page_size, num_pages=self.num_pages,
-                           kernels=self.kernels, coupled=True)
+                           kernels=self.kernels, coupled=True,
+                           prefill_chunk=self.prefill_chunk)
 
     @property
     def aux_layers(self) -> tuple[int, ...]:
@@ -91,7 +93,8 @@ class Programs:
                       num_generated=jnp.zeros((b,), jnp.int32), done=max_new <= 0,
                       stop_reason=jnp.where(max_new <= 0, MAX_NEW_TOKENS, RUNNING),
                       iterations=jnp.zeros((b,), jnp.int32),
-                      accept_hist=jnp.zeros((b, self.max_depth + 2), jnp.int32), row_keys=keys)
+                      accept_hist=jnp.zeros((b, self.max_depth + 2), jnp.int32), row_keys=keys,
+                      accept_by_pos=position_stats.empty(b))
         s = emit_block(s, first[:, None], finite.astype(jnp.int32), stops, max_new,
                        next_slots=self.max_nodes, finite=finite)
         return SlotState(core=s, stop_ids=stops, max_new=max_new)
@@ -130,7 +133,7 @@ class Programs:
                              state.core.cache)
         if self.drafter is None:
             dec = PlainDecoder(c, self.sampling, self.max_new_tokens, self.page_size,
-                               self.num_pages)
+                               self.num_pages, prefill_chunk=self.prefill_chunk)
             logits, cache = dec.prefill(params, prompt, prompt_len, cache)
             first = sample(logits, jax.vmap(jax.random.fold_in)(key, jnp.zeros((1,), jnp.int32)),
                            self.sampling)
@@ -219,6 +222,8 @@ class Programs:
             self.drafter.features(hidden, aux, s.root[:, None])
         hist = s.accept_hist.at[jnp.arange(tok.shape[0]), n].add(n)
         s = s.replace(cache=kvc.advance(cache, n), root=jnp.where(live, tok, s.root),
-                      iterations=s.iterations + n, accept_hist=hist)
+                      iterations=s.iterations + n, accept_hist=hist,
+                      accept_by_pos=position_stats.record(s.accept_by_pos, s.cache.lengths, n,
+                                                          live))
         return emit_block(s, tok[:, None], (finite & live).astype(jnp.int32), stop_ids, max_new,
                           next_slots=self.max_nodes, finite=finite), feats
