@@ -196,3 +196,32 @@ def windowed_attention_ref(q: jax.Array, cache: kvc.WindowedCache, layer: int,
     o = _live_read(pre, layer, table, reach(pre.lengths, 0, pre.page_size, table.shape[1]),
                    attend)
     return o.reshape(B, T, H, D).astype(q.dtype)
+
+
+def window_lse(q: jax.Array, cache: kvc.WindowedCache, layer: int, block_mask: jax.Array):
+    """Attention of ``q [B, T, H, D]`` over the dense window alone: ``(out, lse)``, fp32
+    ``[B, T, H, D]`` and ``[B, T, H]``."""
+    B, T, H, D = q.shape
+    kw = jnp.swapaxes(cache.k[layer], 1, 2).astype(jnp.float32)          # [B, KVH, W, D]
+    vw = jnp.swapaxes(cache.v[layer], 1, 2).astype(jnp.float32)
+    KVH = kw.shape[1]
+    qg = q.reshape(B, T, KVH, H // KVH, D).astype(jnp.float32)
+    hi = jax.lax.Precision.HIGHEST
+    s = jnp.einsum("btkgd,bksd->bkgts", qg, kw, precision=hi) * (D ** -0.5)
+    vis = block_mask[:, None, None]
+    s = jnp.where(vis, s, -jnp.inf)
+    lse = jax.nn.logsumexp(s, axis=-1)                                    # [B, KVH, G, T]
+    p = jnp.where(vis, jnp.exp(s - jnp.where(jnp.isfinite(lse), lse, 0.0)[..., None]), 0.0)
+    o = jnp.einsum("bkgts,bksd->btkgd", p, vw, precision=hi)
+    return o.reshape(B, T, H, D), lse.transpose(0, 3, 1, 2).reshape(B, T, H)
+
+
+def merge_window(q, o_prefix, lse_prefix, cache: kvc.WindowedCache, layer, block_mask):
+    """One softmax over the prefix and the window from each part's normalised output and
+    log-sum-exp (the prefix's from a kernel that read the paged pool; -inf where a row has
+    no prefix). Every query sees itself in the window, so the total is never empty."""
+    o_w, lse_w = window_lse(q, cache, layer, block_mask)
+    m = jnp.maximum(lse_prefix, lse_w)
+    w_p, w_w = jnp.exp(lse_prefix - m)[..., None], jnp.exp(lse_w - m)[..., None]
+    out = (o_prefix.astype(jnp.float32) * w_p + o_w * w_w) / (w_p + w_w)
+    return out.astype(q.dtype)

@@ -47,8 +47,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from jspec.attention import Block, full_mask, paged_attention_ref
+from jspec import kv_cache as kvc
+from jspec.attention import (Block, full_mask, merge_window, paged_attention_ref,
+                             windowed_attention_ref)
 from jspec.platform import target_platform
+from jspec.sharding import heads_axis, model_split, per_device
 from jspec.spec_config import MAX_TREE_NODES
 from jspec.tree.build import pack_mask
 
@@ -82,50 +85,6 @@ def _concrete(mode: str) -> None:
     if mode not in CONCRETE:
         raise ValueError(f"kernels={mode!r} is not a concrete mode; call jspec.kernels.resolve "
                          f"first (concrete modes: {CONCRETE})")
-
-
-# --------------------------------------------------------------------------- meshes
-def _partitioned_axes():
-    """``{axis: size}`` of the mesh axes that XLA's partitioner owns where this is traced
-    (inside the decoders' ``per_data_shard``: ``model``, of any size: interpret mode's
-    callbacks need every axis manual); empty off a mesh."""
-    m = jax.sharding.get_abstract_mesh()
-    if m.empty:
-        return {}
-    manual = set(getattr(m, "manual_axes", ()))
-    return {a: n for a, n in m.shape.items() if a not in manual}
-
-
-def model_split() -> int:
-    """How many ways the partitioner splits ``model`` here (1 off a mesh)."""
-    return _partitioned_axes().get("model", 1)
-
-
-def heads_axis(num_kv_heads: int):
-    """The spec entry of a KV-head axis for :func:`per_device` (None where ``model`` does not
-    split); an error when the heads do not divide over it (``resolve`` refuses that first)."""
-    m = model_split()
-    if m == 1:
-        return None
-    if num_kv_heads % m:
-        raise ValueError(f"{num_kv_heads} KV heads do not split over a 'model' axis of {m}: the "
-                         f"Pallas kernels cannot run here (kernels='auto' picks the reference)")
-    return "model"
-
-
-def per_device(fn, args: tuple, in_specs: tuple, out_specs):
-    """``fn(*args)``, a Pallas kernel call. Off a mesh: directly. Under one, inside a
-    ``shard_map`` over the partitioner's axes (``model``), so each device runs the kernel on
-    its own block: ``in_specs`` / ``out_specs`` name the axes ``model`` splits (KV heads),
-    everything else is replicated."""
-    axes = _partitioned_axes()
-    if not axes:
-        return fn(*args)
-    if any(n > 1 for a, n in axes.items() if a != "model"):
-        raise ValueError(f"the Pallas kernels run under a (data, model) mesh; this one also "
-                         f"partitions {sorted(set(axes) - {'model'})}")
-    return jax.shard_map(fn, in_specs=in_specs, out_specs=out_specs, axis_names=set(axes),
-                         check_vma=False)(*args)
 
 
 class KernelAttention:
@@ -186,13 +145,15 @@ class KernelAttention:
                           (P(None, h), P(None, h), P(None, h), P(), P()), (P(None, h), P(None, h)))
         return cache.replace(k_pages=k, v_pages=v)
 
-    def __call__(self, q, cache, layer, block_mask=None, grouped=None):
+    def __call__(self, q, cache, layer, block_mask=None, grouped=None, return_lse=False):
         """``grouped``: ``q`` already grouped by KV head (the rows :meth:`write_kv` wrote
-        from), used by the TPU kernel at lane-wide head dims."""
+        from), used by the TPU kernel at lane-wide head dims. ``return_lse``: also each
+        query's log-sum-exp ``[B, T, H]`` (see :meth:`windowed`)."""
         from pallas_kernels.tree_attention import tree_attention
         B, T, H, D = q.shape
         block = block_mask if isinstance(block_mask, Block) else self.prepare(cache, block_mask, q)
         if block.mask_bits is None:
+            assert not return_lse, "the kernel serves every block that asks for its LSE"
             return paged_attention_ref(q, cache, layer, block)
         Dp = _padded_head_dim(D, self.backend)
         grouped = grouped if self.backend == "tpu" and Dp == D else None
@@ -202,19 +163,34 @@ class KernelAttention:
             if Dp != D:
                 # Tiny test models only: a padded copy of this layer's pools (slice + pad, one
                 # fused copy of one layer; padding the whole stack would copy L layers per call).
+                # q is scaled so that the scores (and their log-sum-exp) are unchanged.
                 pad = lambda x: jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, Dp - D)])
                 q = pad(q * jnp.asarray((Dp / D) ** 0.5, q.dtype))
                 k, v, layer = pad(k[layer])[None], pad(v[layer])[None], jnp.int32(0)
             out = tree_attention(q, k, v, page_table, lengths, bits, layer,
                                  backend=self.backend, interpret=self.interpret, prepared=rows,
-                                 grouped=grouped)
-            return out[..., :D]
+                                 grouped=grouped, return_lse=return_lse)
+            return (out[0][..., :D], out[1]) if return_lse else out[..., :D]
         h = heads_axis(cache.k_pages.shape[-4])
         return per_device(attend, (q, cache.k_pages, cache.v_pages, cache.page_table,
                                    cache.lengths, block.mask_bits, jnp.asarray(layer, jnp.int32),
                                    block.rows, grouped),
                           (P(None, None, h), P(None, h), P(None, h), P(), P(), P(), P(), P(),
-                           P(None, h)), P(None, None, h))
+                           P(None, h)),
+                          (P(None, None, h), P(None, None, h)) if return_lse else P(None, None, h))
+
+    def windowed(self, q, cache: kvc.WindowedCache, layer, block_mask):
+        """A drafter's tree-loop attention (:func:`jspec.attention.windowed_attention_ref`'s
+        contract) without gathering its pages: the kernel attends to the committed prefix
+        straight from the paged pool (an all-zero tree mask: prefix only) and returns its
+        log-sum-exp, which merges with the small dense window's (fp32)."""
+        B, T = q.shape[:2]
+        none = jnp.zeros((B, T, T), bool)
+        if T > MAX_TREE_NODES:
+            return windowed_attention_ref(q, cache, layer, block_mask)
+        o, lse = self(q, cache.prefix, layer, Block(mask=none, mask_bits=pack_mask(none)),
+                      return_lse=True)
+        return merge_window(q, o, lse, cache, layer, block_mask)
 
 
 def attention_fn(mode: str):

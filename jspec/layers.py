@@ -105,7 +105,9 @@ class Attention(nn.Module):
         v = v.reshape(B, T, c.num_kv_heads, c.head_dim)
         if isinstance(cache, kvc.WindowedCache):      # a drafter's tree loop
             cache = cache.write(layer, k, v, offset)
-            o = windowed_attention_ref(q, cache, layer, block_mask)
+            # Kernels read the prefix from the pool (no gather); the reference gathers.
+            o = getattr(attention_fn, "windowed", windowed_attention_ref)(q, cache, layer,
+                                                                          block_mask)
         else:
             cache = kvc.write_layer(cache, layer, k, v, valid, offset)
             o = attention_fn(q, cache, layer, block_mask)

@@ -132,3 +132,47 @@ def per_data_shard(mesh: Mesh, fn, num_replicated: int):
         return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=specs,
                              axis_names={"data"}, check_vma=False)(*args)
     return run
+
+
+# ----------------------------------------------------------- Pallas calls under a mesh
+def partitioned_axes():
+    """``{axis: size}`` of the mesh axes that XLA's partitioner owns where this is traced
+    (inside the decoders' ``per_data_shard``: ``model``, of any size: interpret mode's
+    callbacks need every axis manual); empty off a mesh."""
+    m = jax.sharding.get_abstract_mesh()
+    if m.empty:
+        return {}
+    manual = set(getattr(m, "manual_axes", ()))
+    return {a: n for a, n in m.shape.items() if a not in manual}
+
+
+def model_split() -> int:
+    """How many ways the partitioner splits ``model`` here (1 off a mesh)."""
+    return partitioned_axes().get("model", 1)
+
+
+def heads_axis(num_kv_heads: int):
+    """The spec entry of a KV-head axis for :func:`per_device` (None where ``model`` does not
+    split); an error when the heads do not divide over it (``jspec.kernels.resolve`` refuses that first)."""
+    m = model_split()
+    if m == 1:
+        return None
+    if num_kv_heads % m:
+        raise ValueError(f"{num_kv_heads} KV heads do not split over a 'model' axis of {m}: the "
+                         f"Pallas kernels cannot run here (kernels='auto' picks the reference)")
+    return "model"
+
+
+def per_device(fn, args: tuple, in_specs: tuple, out_specs):
+    """``fn(*args)``, a Pallas kernel call. Off a mesh: directly. Under one, inside a
+    ``shard_map`` over the partitioner's axes (``model``), so each device runs the kernel on
+    its own block: ``in_specs`` / ``out_specs`` name the axes ``model`` splits (KV heads),
+    everything else is replicated."""
+    axes = partitioned_axes()
+    if not axes:
+        return fn(*args)
+    if any(n > 1 for a, n in axes.items() if a != "model"):
+        raise ValueError(f"the Pallas kernels run under a (data, model) mesh; this one also "
+                         f"partitions {sorted(set(axes) - {'model'})}")
+    return jax.shard_map(fn, in_specs=in_specs, out_specs=out_specs, axis_names=set(axes),
+                         check_vma=False)(*args)

@@ -46,7 +46,7 @@ def row_inputs(q, k_pages, page_table, mask_bits, *, backend: str | None = None,
 def tree_attention(q, k_pages, v_pages, page_table, lengths, mask_bits, layer=None, *,
                    backend: str | None = None, interpret: bool = False,
                    prepared: layout.RowInputs | None = None,
-                   grouped: jax.Array | None = None) -> jax.Array:
+                   grouped: jax.Array | None = None, return_lse: bool = False):
     """``q [B, N, H, D]`` over layer ``layer`` (int32 scalar, traced allowed) of the stacked
     pools ``k_pages/v_pages [L, KVH, P, page_size, D]``, ``page_table [B, max_pages]``
     (unallocated = P), ``lengths [B]`` and packed tree mask ``mask_bits [B, N, W]`` ->
@@ -56,7 +56,8 @@ def tree_attention(q, k_pages, v_pages, page_table, lengths, mask_bits, layer=No
     One layer's pools ``[KVH, P, page_size, D]`` with ``layer=None`` are accepted too (a
     free leading unit axis is added). ``prepared``: :func:`row_inputs` of the same call.
     ``grouped`` (TPU kernel only; see :func:`kernel_tpu.tree_attention_tpu`): ``q`` already
-    grouped by KV head."""
+    grouped by KV head. ``return_lse``: ``(out, log-sum-exp [B, N, H] fp32)``, for merging
+    with attention over keys elsewhere (a drafter's tree-loop window)."""
     backend = resolve_backend(backend, interpret)
     blocks = validate(q, k_pages, v_pages, page_table, lengths, mask_bits, layer, backend=backend)
     if k_pages.ndim == 4:
@@ -65,10 +66,12 @@ def tree_attention(q, k_pages, v_pages, page_table, lengths, mask_bits, layer=No
     if backend == "reference":
         if interpret:
             raise ValueError("interpret=True needs a kernel backend ('tpu' or 'gpu'), not the reference")
-        return tree_attention_ref(q, k_pages, v_pages, page_table, lengths, mask_bits, layer)
+        return tree_attention_ref(q, k_pages, v_pages, page_table, lengths, mask_bits, layer,
+                                  return_lse=return_lse)
     if backend == "tpu":
         return tree_attention_tpu(q, k_pages, v_pages, page_table, lengths, mask_bits, layer,
                                   blocks=blocks, interpret=interpret, prepared=prepared,
-                                  grouped=grouped)
+                                  grouped=grouped, return_lse=return_lse)
     return tree_attention_gpu(q, k_pages, v_pages, page_table, lengths, mask_bits, layer,
-                              blocks=blocks, interpret=interpret, prepared=prepared)
+                              blocks=blocks, interpret=interpret, prepared=prepared,
+                              return_lse=return_lse)

@@ -32,7 +32,7 @@ from pallas_kernels.tree_attention.block_sizes import BlockSizes
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
-def _kernel(q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, lo_ref, hi_ref, o_ref, *,
+def _kernel(q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, lo_ref, hi_ref, o_ref, *lse_ref,
             ppb: int, chunks: int, page_size: int, num_nodes: int, num_blocks: int, scale: float):
     q = q_ref[...]                                                       # [R, D]
     rows, D = q.shape
@@ -73,13 +73,15 @@ def _kernel(q_ref, k_ref, v_ref, pt_ref, len_ref, layer_ref, lo_ref, hi_ref, o_r
     n = jnp.minimum(pl.cdiv(length + num_nodes, bk), num_blocks)
     init = (jnp.zeros((rows, D), jnp.float32), jnp.full((rows,), MASK_VALUE, jnp.float32),
             jnp.zeros((rows,), jnp.float32))
-    acc, _, l = lax.fori_loop(0, n, body, init)
+    acc, m, l = lax.fori_loop(0, n, body, init)
     o_ref[...] = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
+    if lse_ref:
+        lse_ref[0][...] = layout.finish_lse(m, l)
 
 
 def tree_attention_gpu(q, k_pages, v_pages, page_table, lengths, mask_bits, layer, *,
                        blocks: BlockSizes, interpret: bool = False,
-                       prepared: layout.RowInputs | None = None) -> jax.Array:
+                       prepared: layout.RowInputs | None = None, return_lse: bool = False):
     """The Triton form of :func:`pallas_kernels.tree_attention.kernel_tpu.tree_attention_tpu`
     (same arguments): one program per (row, KV head, block of query rows) walks the row's
     live pages."""
@@ -96,6 +98,10 @@ def tree_attention_gpu(q, k_pages, v_pages, page_table, lengths, mask_bits, laye
     q_spec = pl.BlockSpec((None, None, Rb, D), lambda b, h, r: (b, h, r, 0))
     kv_spec = pl.BlockSpec((L, KVH, P, ps, D), lambda b, h, r: (0, 0, 0, 0, 0))   # whole pool
     row_spec = pl.BlockSpec((None, Rb), lambda b, h, r: (b, r))
+    out_specs, out_shape = q_spec, jax.ShapeDtypeStruct((B, KVH, R, D), q.dtype)
+    if return_lse:
+        out_specs = [q_spec, pl.BlockSpec((None, None, Rb), lambda b, h, r: (b, h, r))]
+        out_shape = [out_shape, jax.ShapeDtypeStruct((B, KVH, R), jnp.float32)]
     out = pl.pallas_call(
         kernel,
         grid=(B, KVH, R // Rb),
@@ -104,11 +110,13 @@ def tree_attention_gpu(q, k_pages, v_pages, page_table, lengths, mask_bits, laye
                   pl.BlockSpec((1,), lambda b, h, r: (b,)),
                   pl.BlockSpec((1,), lambda b, h, r: (0,)),
                   row_spec, row_spec],
-        out_specs=q_spec,
-        out_shape=jax.ShapeDtypeStruct((B, KVH, R, D), q.dtype),
+        out_specs=out_specs,
+        out_shape=out_shape,
         compiler_params=plgpu.CompilerParams(num_warps=blocks.num_warps, num_stages=blocks.num_stages),
         interpret=interpret,
-        name=f"tree_attention_gpu_N{N}_G{G}_ppb{ppb}",
+        name=f"tree_attention_gpu_N{N}_G{G}_ppb{ppb}" + ("_lse" if return_lse else ""),
     )(qg, k_pages, v_pages, pt, lengths.astype(jnp.int32),
       jnp.reshape(layer, (1,)).astype(jnp.int32), lo, hi)
+    if return_lse:
+        return layout.ungroup_output(out[0], N, H), layout.ungroup_lse(out[1], N, H)
     return layout.ungroup_output(out, N, H)

@@ -41,9 +41,10 @@ LANES = 128
 
 def _kernel(lengths_ref, pt_ref, layer_ref,           # scalar prefetch (SMEM)
             q_ref, words_ref, *refs,                  # VMEM blocks
-            ppb: int, page_size: int, num_nodes: int, num_blocks: int, scale: float):
+            ppb: int, page_size: int, num_nodes: int, num_blocks: int, scale: float,
+            return_lse: bool):
     k_refs, v_refs = refs[:ppb], refs[ppb:2 * ppb]
-    o_ref, m_sc, l_sc, acc_sc = refs[2 * ppb:]
+    o_ref, *lse_ref, m_sc, l_sc, acc_sc = refs[2 * ppb:]
     b, i = pl.program_id(0), pl.program_id(3)
     length = lengths_ref[b]
     bk = ppb * page_size
@@ -88,12 +89,14 @@ def _kernel(lengths_ref, pt_ref, layer_ref,           # scalar prefetch (SMEM)
     def _finish():
         l = l_sc[:, 0:1]
         o_ref[...] = (acc_sc[...] / jnp.where(l > 0, l, 1.0)).astype(o_ref.dtype)
+        if return_lse:                                     # lane-replicated, as m and l
+            lse_ref[0][...] = layout.finish_lse(m_sc[...], l_sc[...])
 
 
 def tree_attention_tpu(q, k_pages, v_pages, page_table, lengths, mask_bits, layer, *,
                        blocks: BlockSizes, interpret: bool = False,
                        prepared: layout.RowInputs | None = None,
-                       grouped: jax.Array | None = None) -> jax.Array:
+                       grouped: jax.Array | None = None, return_lse: bool = False):
     """Shapes as :func:`pallas_kernels.tree_attention.reference.tree_attention_ref` with
     stacked pools ``[L, KVH, P, page_size, D]`` and an int32 scalar ``layer``; ``blocks``
     from :func:`pallas_kernels.tree_attention.validate.validate`; ``prepared``: the
@@ -124,23 +127,30 @@ def tree_attention_tpu(q, k_pages, v_pages, page_table, lengths, mask_bits, laye
     q_spec = pl.BlockSpec((None, None, Rb, D), lambda b, h, r, i, *_: (b, h, r, 0))
     w_spec = pl.BlockSpec((None, Rb, 2), lambda b, h, r, i, *_: (b, r, 0))
     kernel = functools.partial(_kernel, ppb=ppb, page_size=ps, num_nodes=N,
-                               num_blocks=num_blocks, scale=D ** -0.5)
+                               num_blocks=num_blocks, scale=D ** -0.5, return_lse=return_lse)
+    out_specs, out_shape = q_spec, jax.ShapeDtypeStruct((B, KVH, N * G, D), q.dtype)
+    if return_lse:
+        out_specs = [q_spec, pl.BlockSpec((None, None, Rb, LANES),
+                                          lambda b, h, r, i, *_: (b, h, r, 0))]
+        out_shape = [out_shape, jax.ShapeDtypeStruct((B, KVH, R, LANES), jnp.float32)]
     out = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=3,
             grid=(B, KVH, R // Rb, num_blocks),
             in_specs=[q_spec, w_spec] + [kv_spec(j) for j in range(ppb)] * 2,
-            out_specs=q_spec,
+            out_specs=out_specs,
             scratch_shapes=[pltpu.VMEM((Rb, LANES), jnp.float32),
                             pltpu.VMEM((Rb, LANES), jnp.float32),
                             pltpu.VMEM((Rb, D), jnp.float32)]),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
-        out_shape=jax.ShapeDtypeStruct((B, KVH, N * G, D), q.dtype),
+        out_shape=out_shape,
         interpret=interpret,
-        name=f"tree_attention_tpu_N{N}_G{G}_ppb{ppb}",
+        name=f"tree_attention_tpu_N{N}_G{G}_ppb{ppb}" + ("_lse" if return_lse else ""),
     )(lengths.astype(jnp.int32), flat_table, jnp.reshape(layer, (1,)).astype(jnp.int32),
       qg, words,
       *([k_pages] * ppb), *([v_pages] * ppb))
+    if return_lse:
+        return layout.ungroup_output(out[0], N, H), layout.ungroup_lse(out[1][..., 0], N, H)
     return layout.ungroup_output(out, N, H)

@@ -58,6 +58,17 @@ def ungroup_output(o: jax.Array, n: int, num_heads: int) -> jax.Array:
     return o[:, :, : n * G].reshape(B, KVH, G, n, D).transpose(0, 3, 1, 2, 4).reshape(B, n, num_heads, D)
 
 
+def ungroup_lse(lse: jax.Array, n: int, num_heads: int) -> jax.Array:
+    """Per-row log-sum-exps ``[B, KVH, rows]`` -> ``[B, N, H]`` (as :func:`ungroup_output`)."""
+    return ungroup_output(lse[..., None], n, num_heads)[..., 0]
+
+
+def finish_lse(m: jax.Array, l: jax.Array) -> jax.Array:
+    """The online softmax's running max ``m`` and sum ``l`` -> log-sum-exp (-inf where the
+    row saw no key)."""
+    return jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
+
+
 def row_words(mask_bits: jax.Array, num_groups: int, rows: int) -> jax.Array:
     """Mask words per query row: ``[B, rows, 2]`` int32 (row ``g * N + n`` -> node ``n``;
     padding rows get no tree bits)."""

@@ -21,11 +21,14 @@ from pallas_kernels.tree_attention.layout import unpack_words32
 
 def tree_attention_ref(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
                        page_table: jax.Array, lengths: jax.Array,
-                       mask_bits: jax.Array, layer: jax.Array | int | None = None) -> jax.Array:
+                       mask_bits: jax.Array, layer: jax.Array | int | None = None,
+                       return_lse: bool = False):
     """``q [B, N, H, D]``; ``k_pages/v_pages [L, KVH, P, page_size, D]`` (the stacked pools)
     with ``layer`` an int32 scalar (traced allowed), or one layer's ``[KVH, P, page_size, D]``
     with ``layer=None``; ``page_table [B, max_pages]`` (unallocated entries = P),
-    ``lengths [B]``, ``mask_bits [B, N, W]`` packed rows -> ``[B, N, H, D]`` in ``q.dtype``."""
+    ``lengths [B]``, ``mask_bits [B, N, W]`` packed rows -> ``[B, N, H, D]`` in ``q.dtype``.
+    ``return_lse``: also the log-sum-exp of each query's visible scores, ``[B, N, H]`` fp32
+    (-inf where it sees nothing), to merge with attention over other keys."""
     B, N, H, D = q.shape
     if k_pages.ndim == 4:
         k_pages, v_pages, layer = k_pages[None], v_pages[None], 0
@@ -49,6 +52,11 @@ def tree_attention_ref(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     qg = q.reshape(B, N, KVH, G, D).astype(jnp.float32)
     s = jnp.einsum("bnkgd,bksd->bkgns", qg, k, precision=jax.lax.Precision.HIGHEST) * (D ** -0.5)
     s = jnp.where(vis[:, None, None], s, -jnp.inf)
-    p = jax.nn.softmax(s, axis=-1)
+    lse = jax.nn.logsumexp(s, axis=-1)                    # [B, KVH, G, N]
+    p = jnp.where(vis[:, None, None], jnp.exp(s - jnp.where(jnp.isfinite(lse), lse, 0)[..., None]),
+                  0.0)
     o = jnp.einsum("bkgns,bksd->bnkgd", p, v, precision=jax.lax.Precision.HIGHEST)
-    return o.reshape(B, N, H, D).astype(q.dtype)
+    o = o.reshape(B, N, H, D).astype(q.dtype)
+    if not return_lse:
+        return o
+    return o, lse.transpose(0, 3, 1, 2).reshape(B, N, H)

@@ -180,6 +180,30 @@ def test_chain_tree_and_long_ragged_rows(backend):
 
 
 @pytest.mark.parametrize("backend", ["tpu", "gpu"])
+@pytest.mark.parametrize("zero_mask", [False, True], ids=["tree", "prefix-only"])
+def test_log_sum_exp(backend, zero_mask):
+    """``return_lse``: the kernels' log-sum-exps equal the reference's (prefix only: an
+    all-zero mask, as the drafters' tree loop uses; a row with no prefix sees nothing: -inf
+    and a zero output), and the output is the one without it."""
+    q, k, v, pt, lengths, mb = make_case(N=4, G=2, D=128 if backend == "tpu" else 32, ps=8,
+                                         max_pages=40, lengths=[0, 7, 133, 250], B=4, seed=11)
+    if zero_mask:
+        mb = jnp.zeros_like(mb)
+    ro, rl = jax.jit(tree_attention_ref, static_argnames="return_lse")(q, k, v, pt, lengths, mb,
+                                                                       return_lse=True)
+    np.testing.assert_allclose(np.asarray(ro), np.asarray(ref_fn(q, k, v, pt, lengths, mb)),
+                               atol=1e-6)
+    out, lse = jax.jit(tree_attention, static_argnames=("backend", "interpret", "return_lse"))(
+        q, k, v, pt, lengths, mb, backend=backend, interpret=True, return_lse=True)
+    assert lse.shape == q.shape[:3] and lse.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ro), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(rl), atol=1e-5)
+    if zero_mask:
+        assert np.all(np.isneginf(np.asarray(lse)[0])) and not np.any(np.asarray(out)[0])
+        assert np.all(np.isfinite(np.asarray(lse)[1:]))
+
+
+@pytest.mark.parametrize("backend", ["tpu", "gpu"])
 def test_decode_is_n1(backend):
     """N = 1 with mask [[1]] is plain decode attention (jspec's reference, T = 1)."""
     q, k, v, pt, lengths, mb = make_case(N=1, G=2, D=128 if backend == "tpu" else 32, ps=16, seed=3)

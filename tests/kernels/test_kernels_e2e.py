@@ -49,8 +49,9 @@ def test_kernel_modes_are_checked_before_compiling(setup):
 @pytest.mark.parametrize("kind", [pytest.param("eagle1", marks=pytest.mark.slow), "eagle3",
                                   pytest.param("mtp", marks=pytest.mark.slow)])
 def test_drafter_attention_follows_the_decoder_kernels(setup, kind):
-    """kernels= reaches the drafter: its committed blocks (prefill, extend) run the tree-attention
-    kernel, and the draft is the one the reference attention gives."""
+    """kernels= reaches the drafter: its committed blocks (prefill, extend) and its tree loop's
+    prefix run the tree-attention kernel, and the draft is the one the reference attention
+    gives."""
     import jax.numpy as jnp
     import numpy as np
 
@@ -84,6 +85,16 @@ def test_drafter_attention_follows_the_decoder_kernels(setup, kind):
     np.testing.assert_allclose(got.logits, ref.logits, atol=2e-4, rtol=2e-4)
     np.testing.assert_allclose(kvc.read_layer(got.cache, 0)[0], kvc.read_layer(ref.cache, 0)[0],
                                atol=1e-5)
+
+    # The tree loop: its prefix through the kernel (with the log-sum-exp), the same pool.
+    def pool(m):
+        return dec[m].drafter.draft_pool(d.params, (c, target.params), ref, SpecConfig(3, 2, 5),
+                                         kernels=dec[m].kernels)
+
+    assert "_lse" in str(jax.make_jaxpr(lambda: pool("pallas_interpret"))())
+    got_pool, ref_pool = pool("pallas_interpret"), pool("reference")
+    np.testing.assert_array_equal(got_pool.tokens, ref_pool.tokens)
+    np.testing.assert_allclose(got_pool.scores, ref_pool.scores, atol=2e-4, rtol=2e-4)
 
     def prefill_jaxpr(m):
         return str(jax.make_jaxpr(lambda: dec[m].prefill(

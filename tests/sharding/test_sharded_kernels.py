@@ -42,7 +42,7 @@ SCRIPT = textwrap.dedent("""
     calls = []
     real = kernels.per_device
     kernels.per_device = lambda fn, *a: calls.append(
-        [fn.__name__, sorted(kernels._partitioned_axes())]) or real(fn, *a)
+        [fn.__name__, sorted(sharding.partitioned_axes())]) or real(fn, *a)
     llama._rotates_whole_block = lambda: sys.argv[1] == "tpu_layout"
     mesh = sharding.make_mesh(data=4, model=2)
     t = shard_target(target, mesh)
