@@ -37,6 +37,7 @@ import tempfile
 import time
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 
 from jspec import aot
@@ -111,9 +112,19 @@ def tree_cell(n, ps, g, d, dt) -> dict:
     return {"kernel": "tree_attention", "N": n, "page_size": ps, "G": g, "head_dim": d, "dtype": dt}
 
 
+def prefill_cells(platform: str) -> list[dict]:
+    """A prefill chunk's attention as ``kernels="auto"`` picks it (jspec.prefill_attention):
+    jax's ragged paged attention on TPU, 512-token chunks over a 8k context, Llama-3-8B's
+    heads; cuDNN's on the GPU needs cuDNN at compile time, which the gpu-aot extra lacks."""
+    if platform != "tpu":
+        return []
+    return [{"kernel": "prefill", "C": 512, "page_size": ps, "G": 4, "head_dim": 128,
+             "dtype": dt} for ps in (16, 32) for dt in ("bfloat16", "float32")]
+
+
 def default_cells(platform: str, edges: bool = False) -> list[dict]:
     return tree_cells(platform=platform) + kv_write_cells(platform=platform) + \
-        walk_cells(platform=platform) + \
+        walk_cells(platform=platform) + prefill_cells(platform) + \
         (edge_cells(platform) if edges else [])
 
 
@@ -168,6 +179,29 @@ def _kv_write_program(cell: dict, backend: str):
     return (lambda: validate(*args[:3], **kw)), (lambda *a: kv_write_tpu(*a, **kw)), args
 
 
+def _prefill_program(cell: dict, backend: str):
+    """One layer's chunk attention over the pool, as the prefill's forward calls it."""
+    from jspec import kv_cache as kvc
+    from jspec.prefill_attention import PrefillAttention, problem
+    C, ps, G, D, dt = cell["C"], cell["page_size"], cell["G"], cell["head_dim"], jnp.dtype(cell["dtype"])
+    pool, max_pages = _pool(ps, D, dt)
+    sds = jax.ShapeDtypeStruct
+    args = (sds((BATCH, C, KV_HEADS * G, D), dt), pool, pool,
+            sds((BATCH, max_pages), jnp.int32), sds((BATCH,), jnp.int32), sds((), jnp.int32))
+    att = PrefillAttention("rpa")
+
+    def fn(q, k, v, table, lengths, layer):
+        cache = kvc.PagedKVCache(k_pages=k, v_pages=v, page_table=table, lengths=lengths,
+                                 capacity=jnp.full(lengths.shape, max_pages * ps, jnp.int32))
+        return att(q, cache, layer, att.prepare(cache, None, q))
+
+    def check():
+        why = problem("rpa", head_dim=D, dtype=dt, page_size=ps)
+        if why:
+            raise ValueError(why)
+    return check, fn, args
+
+
 def _walk_program(cell: dict, backend: str):
     from pallas_kernels.verify_walk import (validate_greedy, validate_sample, verify_walk_greedy,
                                             verify_walk_sample)
@@ -191,8 +225,8 @@ def _first_line(e: BaseException) -> str:
 def compile_cell(cell: dict, target: str, device) -> dict:
     """Validate, then compile one cell for ``device`` (an abstract device of ``target``)."""
     backend = aot.target(target).platform
-    build = {"tree_attention": _tree_program, "kv_write": _kv_write_program}.get(cell["kernel"],
-                                                                               _walk_program)
+    build = {"tree_attention": _tree_program, "kv_write": _kv_write_program,
+             "prefill": _prefill_program}.get(cell["kernel"], _walk_program)
     check, fn, args = build(cell, backend)
     row = _row(target, cell)
     try:
@@ -201,7 +235,10 @@ def compile_cell(cell: dict, target: str, device) -> dict:
         return {**row, "status": "refused", "error": _first_line(e)}
     t0 = time.perf_counter()
     try:
-        jax.jit(fn).trace(*aot.placed(args, device)).lower().compile()
+        # Under a mesh of the target's device: kernels that ask the device kind while tracing
+        # (ragged_paged_attention's block sizes) read the abstract device's, not the host's.
+        with jax.sharding.set_mesh(jax.sharding.Mesh(np.array([device]), ("x",))):
+            jax.jit(fn).trace(*aot.placed(args, device)).lower().compile()
     except Exception as e:     # the compiler's refusal, whatever its type
         return {**row, "status": "failed", "compile_s": time.perf_counter() - t0,
                 "error": _first_line(e), "error_text": str(e)[:4000]}
@@ -272,7 +309,8 @@ def _progress(r: dict) -> None:
 
 def add_args(p) -> None:
     p.add_argument("--targets", nargs="+", choices=sorted(aot.TARGETS), default=["v5e", "v6e", "v5p", "h200"])
-    p.add_argument("--kernels", nargs="+", choices=["tree_attention", "kv_write", "walk_greedy", "walk_sample"],
+    p.add_argument("--kernels", nargs="+", choices=["tree_attention", "kv_write", "walk_greedy", "walk_sample",
+                                                    "prefill"],
                    default=None, help="a subset of the kernels (default: all)")
     p.add_argument("--edges", action="store_true",
                    help="also the edges of what validation accepts (see edge_cells; slower)")

@@ -114,9 +114,12 @@ class PlainDecoder:
     def prefill(self, params, prompt, prompt_lens, cache):
         """Run the padded prompt in chunks (:mod:`jspec.prefill`); returns last-position
         logits and the cache."""
+        attend = kernels.prefill_attention_fn(self.kernels, self.config, self.page_size)
+
         def step(carry, chunk, first):
             cache, last = carry
-            hidden, _, cache = chunked.target_chunk(self.config, params, cache, chunk)
+            hidden, _, cache = chunked.target_chunk(self.config, params, cache, chunk,
+                                                    attention_fn=attend)
             return cache, chunked.keep_last(chunk, chunk.take_last(hidden), last)
 
         cache, last = chunked.run(prompt, prompt_lens, self.prefill_chunk, step, (cache, None))

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jspec.attention import paged_attention_ref
 from jspec.llama import forward
 from jspec.shapes import Bool, Int
 
@@ -109,10 +110,12 @@ def keep_last(chunk: Chunk, new, old):
         chunk.has_last.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
 
 
-def target_chunk(cfg, params, cache, chunk: Chunk, aux_layers=()):
+def target_chunk(cfg, params, cache, chunk: Chunk, aux_layers=(),
+                 attention_fn=paged_attention_ref):
     """The target forward over one chunk (packed ``params``): its KV written after each
     row's committed prefix. ``(hidden, aux, cache)``; the cache's lengths are the chunk's
-    committed ones (the caller sets the prompt's lengths when all chunks are in)."""
+    committed ones (the caller sets the prompt's lengths when all chunks are in).
+    ``attention_fn``: :func:`jspec.kernels.prefill_attention_fn` of the decoder's mode."""
     return forward(cfg, params, chunk.tokens, chunk.positions,
                    cache.replace(lengths=chunk.committed), valid=chunk.valid,
-                   aux_layers=aux_layers)
+                   aux_layers=aux_layers, attention_fn=attention_fn)

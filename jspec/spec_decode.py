@@ -127,10 +127,12 @@ class SpecDecoder:
         # One key (split per row here) or the rows' keys (split before a data-sharded loop).
         row_keys = key if key.shape else jax.random.split(key, B)
         keys0 = jax.vmap(jax.random.fold_in)(row_keys, jnp.zeros(B, jnp.int32))
+        attend = kernels.prefill_attention_fn(self.kernels, c, self.page_size)
 
         def step(carry, chunk, first_chunk):
             cache, dstate, logits = carry
-            hidden, aux, cache = chunked.target_chunk(c, params, cache, chunk, self.aux_layers)
+            hidden, aux, cache = chunked.target_chunk(c, params, cache, chunk, self.aux_layers,
+                                                      attend)
             logits = chunked.keep_last(chunk, lm_logits(c, params, chunk.take_last(hidden)),
                                        logits)
             first = sample(logits, keys0, self.sampling)

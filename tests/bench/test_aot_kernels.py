@@ -26,6 +26,7 @@ def subset(platform: str) -> list[dict]:
             {"kernel": "walk_greedy", "N": 8, "S": 5},
             {"kernel": "walk_sample", "N": 8, "S": 5, "V": 128256},
             *ak.kv_write_cells((1, 8), (16,), (4,), ("bfloat16",), platform=platform),
+            *ak.prefill_cells(platform)[:1],
             ak.tree_cell(8, 16, 4, 64 if platform == "tpu" else 24, "bfloat16")]
 
 

@@ -75,15 +75,19 @@ def test_plain_prefill_equals_whole(stories, long_prompts, chunk):
     prompt, lens, table = p.args[:3]
     c = target.config
 
-    def prefill(C):
+    def prefill(C, kernels="reference"):
         cache = kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, table,
                                p.decoder.num_pages, p.decoder.page_size, c.dtype)
-        dec = dataclasses.replace(p.decoder, prefill_chunk=C)
+        dec = dataclasses.replace(p.decoder, prefill_chunk=C, kernels=kernels)
         return jax.jit(dec.prefill)(params, prompt, lens, cache)
 
-    (whole_logits, whole), (logits, cache) = prefill(10_000), prefill(chunk)
-    np.testing.assert_allclose(logits, whole_logits, atol=1e-4, rtol=1e-5)
-    assert_pages_equal(cache, whole)
+    whole_logits, whole = prefill(10_000)
+    # The chunk's attention by the reference, and by the GPU path's dot_product_attention
+    # call (jspec.prefill_attention; XLA's implementation on this CPU).
+    for kernels in ("reference", "pallas_interpret_gpu"):
+        logits, cache = prefill(chunk, kernels)
+        np.testing.assert_allclose(logits, whole_logits, atol=1e-4, rtol=1e-5)
+        assert_pages_equal(cache, whole)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -1,0 +1,125 @@
+"""A prefill chunk's attention through jax's own kernels.
+
+A chunk (:mod:`jspec.prefill`) has its C tokens' KV written after each row's ``committed``
+prefix; query t attends to every position up to ``committed + t``. The reference
+materialises ``[B, H, C, S]`` fp32 scores for that, which on the 8B program at 8k context
+made one chunk move 74.7 GB against a plain step's 16.1 GB (deviceless v6e). jax ships
+flash kernels that never write the scores, so the chunk uses them where they serve:
+
+- **TPU**: ``jax.experimental.pallas.ops.tpu.ragged_paged_attention``, the paged attention
+  of mixed prefill and decode batches (JetStream's and tpu-inference's). Its causal rule is
+  ours: a sequence's ``q_len`` queries end at its ``kv_len``. Its KV layout is one pool
+  ``[pages, page_size, 2 KVH, D]`` with keys and values interleaved by head, not jspec's
+  ``[L, KVH, P, page_size, D]`` pair, so each layer's call reads the rows' pages into that
+  layout first (O(context) bytes, no scores). The flash-attention and splash kernels take
+  a causal offset only as a static value, and the chunk's offset is the scan's counter.
+- **GPU**: ``jax.nn.dot_product_attention`` with ``implementation="cudnn"`` (cuDNN's flash
+  attention) over the rows' keys read contiguous, with the causal-with-offset rule as its
+  boolean mask. cuDNN takes fp16 and bf16 only; fp32 models keep the reference. jax's
+  Pallas GPU attention (``pallas.ops.gpu.attention``) has only a top-left causal mask.
+- **CPU**: the reference.
+
+On a CPU, ``kernels="pallas_interpret_gpu"`` runs the GPU path's call with XLA's
+implementation. jax 0.10.2's interpret mode cannot run the TPU kernel and its reference
+(``ref_ragged_paged_attention``) does not trace under jit, so ``"pallas_interpret"``
+prefills with the reference; the tests check :func:`ragged_paged_operands` by running that
+reference on them eagerly, and compile the kernel for TPUs deviceless.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from jspec import kv_cache as kvc
+from jspec.attention import Block, full_mask
+from jspec.sharding import heads_axis, per_device
+
+
+def problem(impl: str, *, head_dim: int, dtype, page_size: int) -> str | None:
+    """Why the ``impl`` kernel cannot serve a prefill of these shapes, or None."""
+    if impl == "rpa":
+        if head_dim % 128:
+            return f"ragged_paged_attention needs a head dim that is a multiple of 128, got {head_dim}"
+        if page_size % 8:
+            return f"ragged_paged_attention needs pages of whole 8-row tiles, got {page_size}"
+    if impl == "cudnn":
+        if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+            return f"cuDNN's flash attention takes fp16 and bf16, not {jnp.dtype(dtype).name}"
+        if head_dim > 256 or head_dim % 8:
+            return f"cuDNN's flash attention needs a head dim <= 256 and a multiple of 8, got {head_dim}"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillAttention:
+    """A chunk's attention backend for :func:`jspec.llama.forward`: ``prepare`` once per
+    chunk, call once per layer. ``impl``: ``"rpa"`` (TPU), ``"cudnn"`` (GPU) or
+    ``"dpa_xla"`` (the GPU call with XLA's implementation)."""
+    impl: str
+
+    def prepare(self, cache: kvc.PagedKVCache, block_mask, q) -> Block:
+        """``block_mask`` must be None (causal): a chunk, not a tree."""
+        if block_mask is not None:
+            raise ValueError("prefill attention serves causal chunks only")
+        return Block(mask=full_mask(None, q.shape[0], q.shape[1]), table=kvc.read_table(cache))
+
+    def __call__(self, q: jax.Array, cache: kvc.PagedKVCache, layer, block: Block) -> jax.Array:
+        """``q [B, C, H, D]`` at positions ``cache.lengths + t`` (the chunk's KV written
+        there) -> ``[B, C, H, D]``."""
+        k, v = kvc.read_layer(cache, layer, block.table)               # [B, KVH, S, D]
+        ps = cache.page_size
+        impl = {"rpa": None, "cudnn": "cudnn"}.get(self.impl, "xla")
+
+        def attend(q, k, v, committed):
+            if self.impl == "rpa":
+                return _ragged_paged(q, k, v, committed, ps)
+            return _dot_product(q, k, v, committed, impl)
+        # Under a mesh, each device attends with its own KV heads (XLA cannot partition a
+        # kernel call); off one, directly.
+        h = heads_axis(k.shape[1])
+        return per_device(attend, (q, k, v, cache.lengths),
+                          (P(None, None, h), P(None, h), P(None, h), P()), P(None, None, h))
+
+
+def ragged_paged_operands(q, k, v, committed, page_size: int) -> tuple:
+    """``ragged_paged_attention``'s operands for a chunk: ``q [B, C, H, D]`` as ``B``
+    sequences of ``C`` queries ending at ``committed + C``, over the rows' keys and values
+    (``[B, KVH, S, D]``, read from the pool) laid out as its pages."""
+    B, C, H, D = q.shape
+    KVH, S = k.shape[1], k.shape[2]
+    # Room for a last chunk that runs past the rows' allocation: its padding queries read
+    # zeros there; a real query never reads past its row's own tokens.
+    extra = -(-C // page_size) * page_size
+    kv = jnp.stack([k, v], axis=2).reshape(B, 2 * KVH, S, D)            # k0 v0 k1 v1 ...
+    kv = jnp.pad(kv, ((0, 0), (0, 0), (0, extra), (0, 0)))
+    pages = (S + extra) // page_size
+    kv = kv.transpose(0, 2, 1, 3).reshape(B * pages, page_size, 2 * KVH, D)
+    table = jnp.arange(B * pages, dtype=jnp.int32).reshape(B, pages)
+    return (q.reshape(B * C, H, D), kv, (committed + C).astype(jnp.int32), table,
+            jnp.arange(B + 1, dtype=jnp.int32) * C, jnp.array([B], jnp.int32))
+
+
+def _ragged_paged(q, k, v, committed, page_size: int):
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+    B, C, H, D = q.shape
+    args = ragged_paged_operands(q, k, v, committed, page_size)
+    pages = args[3].shape[1]
+    out = ragged_paged_attention(*args, sm_scale=1.0 / math.sqrt(D),
+                                 num_kv_pages_per_block=min(pages, max(1, 128 // page_size)),
+                                 num_queries_per_block=min(C, 64))
+    return out.reshape(B, C, H, D).astype(q.dtype)
+
+
+def _dot_product(q, k, v, committed, implementation: str):
+    B, C = q.shape[:2]
+    S = k.shape[2]
+    pos = committed[:, None, None, None] + jnp.arange(C)[None, None, :, None]
+    mask = jnp.arange(S)[None, None, None, :] <= pos                      # [B, 1, C, S]
+    out = jax.nn.dot_product_attention(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2),
+                                       mask=mask, implementation=implementation)
+    return out.astype(q.dtype)

@@ -1,0 +1,58 @@
+"""A prefill chunk's attention through jax's own kernels (jspec.prefill_attention) equals the
+reference: TPU's ragged_paged_attention in Pallas interpret mode and the GPU path's
+dot_product_attention call (XLA's implementation here), with rows whose chunk runs past
+their allocation, ragged committed prefixes and GQA."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jspec import kv_cache as kvc
+from jspec.attention import paged_attention_ref
+from jspec.prefill_attention import PrefillAttention, problem, ragged_paged_operands
+
+
+def case(D, B=3, KVH=2, G=2, C=24, ps=8, M=10, L=2, seed=0):
+    rng = np.random.default_rng(seed)
+    pages = B * M + 2
+    f = lambda *s: jnp.asarray(rng.standard_normal(s).astype(np.float32))
+    table = jnp.asarray(rng.permutation(pages)[:B * M].reshape(B, M), jnp.int32)
+    # Committed prefixes: none, ragged, and one whose chunk runs past its M * ps = 80 slots.
+    cache = kvc.PagedKVCache(k_pages=f(L, KVH, pages, ps, D), v_pages=f(L, KVH, pages, ps, D),
+                             page_table=table, lengths=jnp.asarray([0, 21, 64][:B], jnp.int32),
+                             capacity=jnp.full((B,), M * ps, jnp.int32))
+    return f(B, C, KVH * G, D), cache
+
+
+def assert_live_equal(got, want, cache, C):
+    # Row 2's queries past its allocation (64 + t >= 80) are padding: not compared.
+    live = np.asarray((cache.lengths[:, None] + jnp.arange(C)[None]) < 80)
+    np.testing.assert_allclose(np.asarray(got)[live], np.asarray(want)[live], atol=2e-5)
+
+
+def test_dot_product_path_equals_reference():
+    q, cache = case(32)
+    att = PrefillAttention("dpa_xla")
+    for layer in (0, 1):
+        got = jax.jit(lambda q, c: att(q, c, layer, att.prepare(c, None, q)))(q, cache)
+        assert_live_equal(got, paged_attention_ref(q, cache, layer, None), cache, q.shape[1])
+
+
+def test_ragged_paged_operands_under_jax_reference():
+    """The TPU kernel's operands, run through jax's own reference of the kernel."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ref_ragged_paged_attention
+    q, cache = case(128)
+    B, C, H, D = q.shape
+    for layer in (0, 1):
+        k, v = kvc.read_layer(cache, layer)
+        got = ref_ragged_paged_attention(*ragged_paged_operands(q, k, v, cache.lengths, 8),
+                                         sm_scale=D ** -0.5).reshape(B, C, H, D)
+        assert_live_equal(got, paged_attention_ref(q, cache, layer, None), cache, C)
+
+
+def test_problems():
+    assert problem("rpa", head_dim=64, dtype=jnp.bfloat16, page_size=16)
+    assert problem("rpa", head_dim=128, dtype=jnp.bfloat16, page_size=16) is None
+    assert "fp16 and bf16" in problem("cudnn", head_dim=128, dtype=jnp.float32, page_size=16)
+    assert problem("cudnn", head_dim=128, dtype=jnp.bfloat16, page_size=16) is None
