@@ -20,6 +20,8 @@ bytes = 512 MB per row, against 94.5 GB whole.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -28,7 +30,9 @@ from jspec.attention import paged_attention_ref
 from jspec.llama import forward
 from jspec.shapes import Bool, Int
 
-DEFAULT_CHUNK = 512
+#: ``JSPEC_PREFILL_CHUNK`` overrides it: e.g. to run a whole exactness suite with every
+#: prompt cut into many chunks.
+DEFAULT_CHUNK = int(os.environ.get("JSPEC_PREFILL_CHUNK", 512))
 
 
 def chunk_plan(T: int, chunk: int | None) -> tuple[int, int]:

@@ -414,3 +414,38 @@ def test_stacked_scan_equals_per_layer():
     p = serving_layout.pack_params(cfg, serving_layout.pack_params(cfg, raw, stacked=True), stacked=False)
     q = serving_layout.pack_params(cfg, raw, stacked=False)
     jax.tree_util.tree_map(np.testing.assert_array_equal, p, q)
+
+
+@pytest.mark.parametrize("chunk", [64, 100, 1000], ids=["divides", "does-not-divide", "larger"])
+def test_chunked_prefill_parity_on_long_prompts(chunk):
+    """Prompts of 300-500 tokens, prefilled in chunks (jspec.prefill), against transformers:
+    the last position's logits and 8 greedy tokens (llama3 RoPE scaling, GQA 2, pages of 7)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import jspec
+    from jspec.plan import KVConfig, plan
+
+    case = CASES["untied_gqa2_llama3_v4_hd16"]
+    hf_cfg = transformers.LlamaConfig(**{**_hf_kwargs(case), "max_position_embeddings": 640})
+    model = transformers.LlamaForCausalLM(hf_cfg).float().eval()
+    randomize_(model, 7)
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(3, hf_cfg.vocab_size, n).tolist() for n in (300, 417, 500)]
+    cfg = LlamaConfig.from_hf(_v4_dict(hf_cfg))
+    target = jspec.Target(cfg, to_params(cfg, {k: v.detach().numpy().copy()
+                                               for k, v in model.state_dict().items()}))
+    kv = KVConfig(page_size=7, prefill_chunk=chunk)
+    p = plan(target, prompts, max_new_tokens=1, kv=kv)
+    prompt, lens, table = p.args[:3]
+    cache = kvc.init_cache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, table,
+                           p.decoder.num_pages, 7, cfg.dtype)
+    logits, _ = jax.jit(p.decoder.prefill)(target.serving_params, prompt, lens, cache)
+    res = jspec.generate(target, prompts, max_new_tokens=8, stop_ids=[], page_size=7,
+                         prefill_chunk=chunk)
+    for r, ids in enumerate(prompts):
+        with torch.no_grad():
+            want = model(torch.tensor([ids])).logits[0, -1].numpy()
+            greedy = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
+                                    eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+        assert _maxdiff(np.asarray(logits[r]), want) <= TOL
+        assert res.tokens[r] == greedy
