@@ -204,20 +204,21 @@ def attention_fn(mode: str):
 def prefill_attention_fn(mode: str, config, page_size: int):
     """A prefill chunk's attention backend (:mod:`jspec.prefill_attention`) for a concrete
     ``mode``: jax's ragged paged attention on TPU and cuDNN's flash attention on GPU where
-    they serve these shapes (else the reference, with the reason logged at info level);
-    ``"pallas_interpret_gpu"`` the GPU path's call with XLA's implementation; the reference
-    for ``"reference"`` and ``"pallas_interpret"`` (see that module)."""
+    they serve these shapes (else XLA's, with the reason logged at info level);
+    ``"pallas_interpret_gpu"`` the GPU path's call with XLA's implementation; XLA's blocked
+    online softmax (:func:`jspec.prefill_attention.blocked_attention`) for ``"reference"``
+    and ``"pallas_interpret"`` (see that module)."""
     from jspec.prefill_attention import PrefillAttention, problem
     _concrete(mode)
     if mode == "pallas_interpret_gpu":
         return PrefillAttention("dpa_xla")
     if mode != "pallas":
-        return paged_attention_ref
+        return PrefillAttention("blocked")
     impl = {"tpu": "rpa", "gpu": "cudnn"}[_backend(mode)]
     why = problem(impl, head_dim=config.head_dim, dtype=config.dtype, page_size=page_size)
     if why:
-        log.info("prefill attention: the reference (%s)", why)
-        return paged_attention_ref
+        log.info("prefill attention: XLA's (%s)", why)
+        return PrefillAttention("blocked")
     return PrefillAttention(impl)
 
 

@@ -17,7 +17,10 @@ flash kernels that never write the scores, so the chunk uses them where they ser
   attention) over the rows' keys read contiguous, with the causal-with-offset rule as its
   boolean mask. cuDNN takes fp16 and bf16 only; fp32 models keep the reference. jax's
   Pallas GPU attention (``pallas.ops.gpu.attention``) has only a top-left causal mask.
-- **CPU**: the reference.
+- **CPU**: the same online softmax in jnp (:func:`blocked_attention`): a ``lax.while_loop``
+  over blocks of the rows' pages, up to the longest live row, each block read through the
+  page table; its temporaries are one block's ``[B, H, C, KB]`` scores whatever the
+  context (the reference's grew with it: 9.4 GB at 8k on the 100m config).
 
 On a CPU, ``kernels="pallas_interpret_gpu"`` runs the GPU path's call with XLA's
 implementation. jax 0.10.2's interpret mode cannot run the TPU kernel and its reference
@@ -58,8 +61,8 @@ def problem(impl: str, *, head_dim: int, dtype, page_size: int) -> str | None:
 @dataclasses.dataclass(frozen=True)
 class PrefillAttention:
     """A chunk's attention backend for :func:`jspec.llama.forward`: ``prepare`` once per
-    chunk, call once per layer. ``impl``: ``"rpa"`` (TPU), ``"cudnn"`` (GPU) or
-    ``"dpa_xla"`` (the GPU call with XLA's implementation)."""
+    chunk, call once per layer. ``impl``: ``"rpa"`` (TPU), ``"cudnn"`` (GPU), ``"dpa_xla"``
+    (the GPU call with XLA's implementation) or ``"blocked"`` (:func:`blocked_attention`)."""
     impl: str
 
     def prepare(self, cache: kvc.PagedKVCache, block_mask, q) -> Block:
@@ -71,6 +74,8 @@ class PrefillAttention:
     def __call__(self, q: jax.Array, cache: kvc.PagedKVCache, layer, block: Block) -> jax.Array:
         """``q [B, C, H, D]`` at positions ``cache.lengths + t`` (the chunk's KV written
         there) -> ``[B, C, H, D]``."""
+        if self.impl == "blocked":
+            return blocked_attention(q, cache, layer, block.table)
         k, v = kvc.read_layer(cache, layer, block.table)               # [B, KVH, S, D]
         ps = cache.page_size
         impl = {"rpa": None, "cudnn": "cudnn"}.get(self.impl, "xla")
@@ -123,3 +128,49 @@ def _dot_product(q, k, v, committed, implementation: str):
     out = jax.nn.dot_product_attention(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2),
                                        mask=mask, implementation=implementation)
     return out.astype(q.dtype)
+
+
+#: Keys per block of :func:`blocked_attention` (rounded to whole pages).
+KEY_BLOCK = 512
+
+
+def blocked_attention(q, cache: kvc.PagedKVCache, layer, table=None) -> jax.Array:
+    """The chunk's attention as an online softmax over blocks of about :data:`KEY_BLOCK`
+    keys, each read from the pool through the page table: ``q [B, C, H, D]`` at positions
+    ``cache.lengths + t``, which sees every position up to its own. Only blocks below the
+    longest row's ``lengths + C`` are visited. fp32 scores and accumulation."""
+    B, C, H, D = q.shape
+    table = kvc.read_table(cache) if table is None else table
+    ps, M = cache.page_size, table.shape[1]
+    ppb = max(1, min(M, KEY_BLOCK // ps))                  # pages per block
+    table = jnp.pad(table, ((0, 0), (0, -M % ppb)))        # page 0 past the end: masked
+    KVH = cache.k_pages.shape[1]
+    qg = q.reshape(B, C, KVH, H // KVH, D).astype(jnp.float32) * (D ** -0.5)
+    pos = cache.lengths[:, None] + jnp.arange(C)[None]                     # [B, C]
+    kb = ppb * ps
+    hi = jax.lax.Precision.HIGHEST
+
+    def body(carry):
+        i, m, l, acc = carry
+        pages = jax.lax.dynamic_slice_in_dim(table, i * ppb, ppb, 1)
+        k, v = kvc.read_layer(cache, layer, pages)                           # [B, KVH, kb, D]
+        s = jnp.einsum("bckgd,bksd->bkgcs", qg, k.astype(jnp.float32), precision=hi)
+        key = i * kb + jnp.arange(kb)
+        vis = (key[None, None, :] <= pos[:, :, None])[:, None, None]          # [B,1,1,C,kb]
+        s = jnp.where(vis, s, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+        p = jnp.where(vis, jnp.exp(s - safe[..., None]), 0.0)
+        alpha = jnp.exp(jnp.where(jnp.isfinite(m), m - safe, -jnp.inf))
+        acc = acc * alpha[..., None] + jnp.einsum("bkgcs,bksd->bkgcd", p,
+                                                  v.astype(jnp.float32), precision=hi)
+        return i + 1, m_new, l * alpha + jnp.sum(p, axis=-1), acc
+
+    G = H // KVH
+    n = (jnp.max(cache.lengths) + C + kb - 1) // kb
+    n = jnp.minimum(n, table.shape[1] // ppb)
+    init = (jnp.int32(0), jnp.full((B, KVH, G, C), -jnp.inf, jnp.float32),
+            jnp.zeros((B, KVH, G, C), jnp.float32), jnp.zeros((B, KVH, G, C, D), jnp.float32))
+    _, _, l, acc = jax.lax.while_loop(lambda c: c[0] < n, body, init)
+    out = acc / jnp.where(l > 0, l, 1.0)[..., None]                         # [B, KVH, G, C, D]
+    return out.transpose(0, 3, 1, 2, 4).reshape(B, C, H, D).astype(q.dtype)

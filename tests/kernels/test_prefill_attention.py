@@ -31,9 +31,12 @@ def assert_live_equal(got, want, cache, C):
     np.testing.assert_allclose(np.asarray(got)[live], np.asarray(want)[live], atol=2e-5)
 
 
-def test_dot_product_path_equals_reference():
+@pytest.mark.parametrize("impl", ["dpa_xla", "blocked"])
+def test_xla_paths_equal_reference(impl, monkeypatch):
+    from jspec import prefill_attention
+    monkeypatch.setattr(prefill_attention, "KEY_BLOCK", 16)     # several key blocks
     q, cache = case(32)
-    att = PrefillAttention("dpa_xla")
+    att = PrefillAttention(impl)
     for layer in (0, 1):
         got = jax.jit(lambda q, c: att(q, c, layer, att.prepare(c, None, q)))(q, cache)
         assert_live_equal(got, paged_attention_ref(q, cache, layer, None), cache, q.shape[1])
