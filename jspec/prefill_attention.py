@@ -32,6 +32,7 @@ reference on them eagerly, and compile the kernel for TPUs deviceless.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -55,6 +56,20 @@ def problem(impl: str, *, head_dim: int, dtype, page_size: int) -> str | None:
             return f"cuDNN's flash attention takes fp16 and bf16, not {jnp.dtype(dtype).name}"
         if head_dim > 256 or head_dim % 8:
             return f"cuDNN's flash attention needs a head dim <= 256 and a multiple of 8, got {head_dim}"
+        return cudnn_missing()
+    return None
+
+
+@functools.cache
+def cudnn_missing() -> str | None:
+    """Why jax cannot build a cuDNN attention here (no cuDNN library: a deviceless compile
+    with the gpu-aot extra, a CUDA install without it), or None. jax checks while tracing."""
+    x = jax.ShapeDtypeStruct((1, 8, 1, 64), jnp.bfloat16)
+    try:
+        jax.eval_shape(functools.partial(jax.nn.dot_product_attention, implementation="cudnn"),
+                       x, x, x)
+    except Exception as e:  # noqa: BLE001 - any refusal means: not here
+        return f"cuDNN attention unavailable: {str(e).splitlines()[0][:120]}"
     return None
 
 

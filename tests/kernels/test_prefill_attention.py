@@ -54,8 +54,13 @@ def test_ragged_paged_operands_under_jax_reference():
         assert_live_equal(got, paged_attention_ref(q, cache, layer, None), cache, C)
 
 
-def test_problems():
+def test_problems(monkeypatch):
+    from jspec import prefill_attention
     assert problem("rpa", head_dim=64, dtype=jnp.bfloat16, page_size=16)
     assert problem("rpa", head_dim=128, dtype=jnp.bfloat16, page_size=16) is None
     assert "fp16 and bf16" in problem("cudnn", head_dim=128, dtype=jnp.float32, page_size=16)
+    # This CPU host has no cuDNN: jax refuses while tracing, and the reason is given.
+    assert "cuDNN attention unavailable" in problem("cudnn", head_dim=128, dtype=jnp.bfloat16,
+                                                    page_size=16)
+    monkeypatch.setattr(prefill_attention, "cudnn_missing", lambda: None)
     assert problem("cudnn", head_dim=128, dtype=jnp.bfloat16, page_size=16) is None
