@@ -29,7 +29,10 @@ from jspec.spec_config import SpecConfig
 # ---------------------------------------------------------------------------------------------
 BUDGETS = {
     "plain_step_kernels_per_layer": 38,           # measured 35.5  [47.0]
-    "tree_iteration_kernels_per_layer": 152,      # eagle3 (5, 4, 8); measured 144.0  [151.0]
+    # eagle3 (5, 4, 8); measured 144.0 [151.0]; 152.5 at 9968721, whose per-iteration
+    # accept-by-position bookkeeping (jspec.position_stats: a bucket search and a scatter-add
+    # into [B, 10, 2]) the issue asked for: loosened to 154 for it.
+    "tree_iteration_kernels_per_layer": 154,
     "chain_iteration_kernels_per_layer": 148,     # eagle3 (4, 1, 5); measured 140.5  [148.0]
     "tree_iteration_bytes_x": 4.6,                # measured 4.29  [3.67: the plain step shrank more]
     "chain_iteration_bytes_x": 3.7,               # measured 3.45  [2.98]
