@@ -4,7 +4,9 @@ A whole-prompt prefill's attention holds ``[B, H, T, S]`` scores (S >= T the row
 length), so its temporaries grow as T^2: the 8B program at 8k context needed 94.5 GB of them
 on one v6e chip. Chunk i instead writes its C tokens' KV after the ``min(len, i C)`` already
 committed for each row and attends to those pages and, causally, to itself: exactly a verify
-block with a causal mask. Its temporaries are ``[B, H, C, S]``, linear in the context.
+block with a causal mask. Its attention (:mod:`jspec.prefill_attention`: jax's kernels, or
+XLA's online softmax over key blocks) never holds more than one key block's scores, so the
+temporaries stay bounded by the chunk whatever the context.
 
 Chunk 0 is traced on its own (the drafters' ``prefill`` starts their state; see
 :class:`jspec.drafters.protocol.DraftModule`) and chunks 1..n-1 run in one ``lax.scan``
@@ -14,8 +16,8 @@ prefill.
 
 :data:`DEFAULT_CHUNK` is 512 tokens on every backend: 512 rows make the projections
 compute bound on TPUs and GPUs (their ridge points are a few hundred flops per weight byte
-in bf16), and a chunk's reference scores at 8B and 8k context are then 32 x 512 x 8192 x 4
-bytes = 512 MB per row, against 94.5 GB whole.
+in bf16), so smaller chunks would reread the weights for little gain in memory, and larger
+ones grow the activations ([B, C, 14336] per MLP at 8B).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from jspec import kv_cache as kvc
 from jspec.checkpoint import load_target
 from jspec.drafters import load_drafter, ngram_drafter, random_drafter
 from jspec.plan import KVConfig, plan
-from jspec.prefill import chunk_plan
+from jspec.prefill import DEFAULT_CHUNK, chunk_plan
 
 # Ragged prompts of 23..110 tokens: padded to 112, so chunks of 16 divide it, 20 do not (the
 # last chunk is part padding) and 128 is one chunk, the unchunked program.
@@ -49,7 +49,8 @@ def drafter_of(kind, target, stories_dir):
 
 def test_chunk_plan():
     assert chunk_plan(112, 16) == (7, 16) and chunk_plan(112, 20) == (6, 20)
-    assert chunk_plan(112, 128) == (1, 112) and chunk_plan(112, None) == (1, 112)
+    assert chunk_plan(112, 128) == (1, 112)
+    assert chunk_plan(112, None) == chunk_plan(112, DEFAULT_CHUNK)    # JSPEC_PREFILL_CHUNK
     with pytest.raises(ValueError, match="prefill_chunk"):
         chunk_plan(112, 0)
     with pytest.raises(ValueError, match="prefill_chunk"):
