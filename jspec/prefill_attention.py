@@ -91,46 +91,60 @@ class PrefillAttention:
         there) -> ``[B, C, H, D]``."""
         if self.impl == "blocked":
             return blocked_attention(q, cache, layer, block.table)
+        layer = jnp.asarray(layer, jnp.int32)
+        h = heads_axis(cache.k_pages.shape[-4])
+        if self.impl == "rpa":
+            # The pools go in whole (sharded over KV heads under a mesh): each device lays
+            # out its own heads' rows in the kernel's format, in one gather per pool.
+            return per_device(_ragged_paged, (q, cache.k_pages, cache.v_pages, block.table,
+                                              cache.lengths, layer),
+                              (P(None, None, h), P(None, h), P(None, h), P(), P(), P()),
+                              P(None, None, h))
         k, v = kvc.read_layer(cache, layer, block.table)               # [B, KVH, S, D]
-        ps = cache.page_size
-        impl = {"rpa": None, "cudnn": "cudnn"}.get(self.impl, "xla")
-
-        def attend(q, k, v, committed):
-            if self.impl == "rpa":
-                return _ragged_paged(q, k, v, committed, ps)
-            return _dot_product(q, k, v, committed, impl)
+        impl = "cudnn" if self.impl == "cudnn" else "xla"
         # Under a mesh, each device attends with its own KV heads (XLA cannot partition a
         # kernel call); off one, directly.
-        h = heads_axis(k.shape[1])
-        return per_device(attend, (q, k, v, cache.lengths),
+        return per_device(functools.partial(_dot_product, implementation=impl),
+                          (q, k, v, cache.lengths),
                           (P(None, None, h), P(None, h), P(None, h), P()), P(None, None, h))
 
 
-def ragged_paged_operands(q, k, v, committed, page_size: int) -> tuple:
+def ragged_paged_operands(q, k_pages, v_pages, table, committed, layer) -> tuple:
     """``ragged_paged_attention``'s operands for a chunk: ``q [B, C, H, D]`` as ``B``
-    sequences of ``C`` queries ending at ``committed + C``, over the rows' keys and values
-    (``[B, KVH, S, D]``, read from the pool) laid out as its pages."""
+    sequences of ``C`` queries ending at ``committed + C``, over the rows' pages of layer
+    ``layer`` of the pools ``[L, KVH, P, page_size, D]`` (``table [B, M]``, clamped into
+    the pool), gathered straight into its layout: pages ``[B * M', page_size, 2 KVH, D]``
+    with keys and values interleaved by head."""
     B, C, H, D = q.shape
-    KVH, S = k.shape[1], k.shape[2]
-    # Room for a last chunk that runs past the rows' allocation: its padding queries read
-    # zeros there; a real query never reads past its row's own tokens.
-    extra = -(-C // page_size) * page_size
-    kv = jnp.stack([k, v], axis=2).reshape(B, 2 * KVH, S, D)            # k0 v0 k1 v1 ...
-    kv = jnp.pad(kv, ((0, 0), (0, 0), (0, extra), (0, 0)))
-    pages = (S + extra) // page_size
-    kv = kv.transpose(0, 2, 1, 3).reshape(B * pages, page_size, 2 * KVH, D)
-    table = jnp.arange(B * pages, dtype=jnp.int32).reshape(B, pages)
-    return (q.reshape(B * C, H, D), kv, (committed + C).astype(jnp.int32), table,
+    _, KVH, _, ps, _ = k_pages.shape
+    # Pages for a last chunk that runs past the rows' allocation: copies of the row's last
+    # page, read only by that chunk's padding queries; a real query never reads past its
+    # row's own tokens.
+    extra = -(-C // ps)
+    t = jnp.concatenate([table, jnp.broadcast_to(table[:, -1:], (B, extra))], 1)   # [B, M']
+    idx = jnp.stack([jnp.broadcast_to(layer, t.shape).astype(jnp.int32), t], -1)
+    dn = jax.lax.GatherDimensionNumbers(offset_dims=(2, 3, 4), collapsed_slice_dims=(0, 2),
+                                        start_index_map=(0, 2))
+
+    def rows(pool):                                                     # [B, M', KVH, ps, D]
+        return jax.lax.gather(pool, idx, dn, (1, KVH, 1, ps, D),
+                              mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+    M = t.shape[1]
+    kv = jnp.stack([rows(k_pages), rows(v_pages)], axis=3)             # [B, M', KVH, 2, ps, D]
+    kv = kv.transpose(0, 1, 4, 2, 3, 5).reshape(B * M, ps, 2 * KVH, D)  # k0 v0 k1 v1 ...
+    pages = jnp.arange(B * M, dtype=jnp.int32).reshape(B, M)
+    return (q.reshape(B * C, H, D), kv, (committed + C).astype(jnp.int32), pages,
             jnp.arange(B + 1, dtype=jnp.int32) * C, jnp.array([B], jnp.int32))
 
 
-def _ragged_paged(q, k, v, committed, page_size: int):
+def _ragged_paged(q, k_pages, v_pages, table, committed, layer):
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
     B, C, H, D = q.shape
-    args = ragged_paged_operands(q, k, v, committed, page_size)
+    ps = k_pages.shape[-2]
+    args = ragged_paged_operands(q, k_pages, v_pages, table, committed, layer)
     pages = args[3].shape[1]
     out = ragged_paged_attention(*args, sm_scale=1.0 / math.sqrt(D),
-                                 num_kv_pages_per_block=min(pages, max(1, 128 // page_size)),
+                                 num_kv_pages_per_block=min(pages, max(1, 128 // ps)),
                                  num_queries_per_block=min(C, 64))
     return out.reshape(B, C, H, D).astype(q.dtype)
 

@@ -48,9 +48,9 @@ def test_ragged_paged_operands_under_jax_reference():
     q, cache = case(128)
     B, C, H, D = q.shape
     for layer in (0, 1):
-        k, v = kvc.read_layer(cache, layer)
-        got = ref_ragged_paged_attention(*ragged_paged_operands(q, k, v, cache.lengths, 8),
-                                         sm_scale=D ** -0.5).reshape(B, C, H, D)
+        ops = ragged_paged_operands(q, cache.k_pages, cache.v_pages, kvc.read_table(cache),
+                                    cache.lengths, jnp.int32(layer))
+        got = ref_ragged_paged_attention(*ops, sm_scale=D ** -0.5).reshape(B, C, H, D)
         assert_live_equal(got, paged_attention_ref(q, cache, layer, None), cache, C)
 
 
