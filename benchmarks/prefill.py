@@ -1,11 +1,12 @@
 """``python -m jspec.bench prefill``: a long prompt's prefill, whole against chunked.
 
-For each prompt length and prefill chunk (0: the whole prompt in one block, the program
-before :mod:`jspec.prefill`), one fresh process loads the target (``--model``, or random
-weights of ``--random-config``), compiles the plain decoder's prefill for one prompt of
-that length through the plan seam, and reports XLA's temporaries for the program, the
-process's peak RSS and the prefill's tokens/s (best of ``--repeats`` warm runs). A process
-per variant keeps each peak its own.
+For each prompt length and prefill chunk (0: the whole prompt in one block), one fresh
+process loads the target (``--model``, or random weights of ``--random-config``), compiles
+the plain decoder's prefill for one prompt of that length through the plan seam (its KV
+pool a donated argument, as the engine's insert holds it), and reports XLA's temporaries
+for the program, the process's peak RSS and the prefill's tokens/s (best of ``--repeats``
+warm runs, a fresh pool each, its allocation included). A process per variant keeps each
+peak its own.
 """
 
 from __future__ import annotations
@@ -53,17 +54,17 @@ def measure_one(args) -> dict:
     params = target.serving_params
     prompt, lens, table = p.args[:3]
 
-    def prefill(params, prompt, lens, table):
-        cache = kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, table, dec.num_pages,
-                               dec.page_size, c.dtype)
-        return dec.prefill(params, prompt, lens, cache)
-
+    # The KV pool is an argument, donated, as the engine's insert holds it: the temporaries
+    # are then the prefill's own, not the pool it fills.
+    new_cache = lambda: kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, table.copy(),
+                                       dec.num_pages, dec.page_size, c.dtype)
     t0 = time.perf_counter()
-    compiled = jax.jit(prefill).lower(params, prompt, lens, table).compile()
+    compiled = jax.jit(dec.prefill, donate_argnums=(3,)).lower(
+        params, prompt, lens, jax.eval_shape(new_cache)).compile()
     compile_s = time.perf_counter() - t0
     mem = compiled.memory_analysis()
-    timed = round_robin([lambda: jax.block_until_ready(compiled(params, prompt, lens, table))],
-                        args.repeats)[0]
+    timed = round_robin([lambda: jax.block_until_ready(compiled(params, prompt, lens,
+                                                                new_cache()))], args.repeats)[0]
     return {"model": args.model or args.random_config, "prompt": args.one,
             "chunk": args.chunk or "whole", "compile s": compile_s,
             "temp MB": mem.temp_size_in_bytes / 2**20,
