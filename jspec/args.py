@@ -21,6 +21,12 @@ def add_kernels_arg(p: argparse.ArgumentParser) -> None:
                         "warning; the reference on CPU)")
 
 
+def add_prefill_chunk_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prefill-chunk", type=int, default=None, metavar="C",
+                   help="prefill prompts C tokens at a time (default 512; jspec.prefill): "
+                        "memory grows with a prompt's length, not its square")
+
+
 def load_drafter_arg(spec: str, target):
     """A checkpoint directory, ``random:KIND[:DRAFT_VOCAB]`` for random weights, or
     ``KIND[:ARGS]`` for a kind made from arguments (``ngram[:MIN_N:MAX_N]`` prompt lookup,

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from jspec.args import add_kernels_arg, load_drafter_arg, parse_ids  # noqa: F401 (re-exported)
+from jspec.args import add_kernels_arg, add_prefill_chunk_arg, load_drafter_arg, parse_ids  # noqa: F401 (re-exported)
 from jspec.shipped import DRAFTER_ORDER
 
 
@@ -33,6 +33,7 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
                    help="print tokens as they are accepted (default: on a terminal, for one "
                         "process without a mesh); several prompts print each as it finishes")
     add_kernels_arg(p)
+    add_prefill_chunk_arg(p)
     sp = p.add_argument_group("speculative decoding")
     sp.add_argument("--drafter", help="drafter checkpoint (HF EAGLE/EAGLE-3/Medusa/MTP layout or "
                     "jspec Orbax), random:KIND[:DRAFT_VOCAB] (eagle1|eagle3|mtp|medusa) for "
@@ -126,7 +127,8 @@ def run_generate(args) -> int:
     res = jspec.generate(target, prompts, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                          seed=args.seed, stop_ids=args.stop_ids, drafter=drafter, spec=spec,
-                         profile=args.profile, kernels=args.kernels, mesh=mesh)
+                         profile=args.profile, kernels=args.kernels, mesh=mesh,
+                         prefill_chunk=args.prefill_chunk)
     if args.output:
         if multi:
             distributed.write_combined(args.output, res)
@@ -180,7 +182,7 @@ def stream_generate(args, target, prompts, drafter, spec) -> int:
     eng = Engine(target, drafter, slots=min(len(ids), default_slots()), spec=spec,
                  sampling=SamplingConfig(args.temperature, args.top_k, args.top_p),
                  max_new_tokens=max(1, args.max_new_tokens), longest_prompt=max(map(len, ids)),
-                 kernels=args.kernels)
+                 kernels=args.kernels, prefill_chunk=args.prefill_chunk)
     reqs = [Request(p, args.max_new_tokens, key=keys[r], stop_ids=args.stop_ids)
             for r, p in enumerate(ids)]
     one = len(ids) == 1

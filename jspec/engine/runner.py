@@ -50,7 +50,7 @@ OUTPUT_KEYS = ("id", "line", "text", "token_ids", "new_tokens", "mean_accept_len
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from jspec.args import add_kernels_arg
+    from jspec.args import add_kernels_arg, add_prefill_chunk_arg
     p.add_argument("--model", required=True)
     p.add_argument("--drafter", help="as for generate (a checkpoint, random:KIND, ngram)")
     p.add_argument("--input", required=True, help="requests, JSON lines")
@@ -79,6 +79,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--process-id", type=int)
     p.add_argument("--no-progress", action="store_true")
     add_kernels_arg(p)
+    add_prefill_chunk_arg(p)
 
 
 @dataclasses.dataclass
@@ -285,7 +286,7 @@ def _serve(target, drafter, spec, records, args, write, stop) -> int:
                          sampling=SamplingConfig(temp, top_k, top_p),
                          max_new_tokens=max(1, max(r.max_new for r in group)),
                          longest_prompt=max(len(r.ids) for r in group), chunk=args.chunk,
-                         kernels=args.kernels)
+                         kernels=args.kernels, prefill_chunk=args.prefill_chunk)
             by_index = {i: r for i, r in enumerate(group)}
             reqs = [Request(r.ids, r.max_new, seed=r.seed, stop_ids=r.stop, id=r.id)
                     for r in group]

@@ -14,8 +14,9 @@ def run(*args):
 def test_generate_json(stories_dir):
     case = json.loads((stories_dir / "reference_greedy.json").read_text())["cases"][2]
     ids = ",".join(map(str, case["prompt_token_ids"]))
+    # --prefill-chunk 4: the golden prompt is prefilled in chunks; the tokens do not change.
     p = run("generate", "--model", str(stories_dir), "--prompt-ids", ids, "--prompt-ids", "1,403",
-            "--max-new-tokens", "25", "--stop-ids", "", "--json")
+            "--max-new-tokens", "25", "--stop-ids", "", "--json", "--prefill-chunk", "4")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["tokens"][0] == case["continuation_token_ids"][:25]
