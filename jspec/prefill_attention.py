@@ -15,18 +15,19 @@ flash kernels that never write the scores, so the chunk uses them where they ser
   a causal offset only as a static value, and the chunk's offset is the scan's counter.
 - **GPU**: ``jax.nn.dot_product_attention`` with ``implementation="cudnn"`` (cuDNN's flash
   attention) over the rows' keys read contiguous, with the causal-with-offset rule as its
-  boolean mask. cuDNN takes fp16 and bf16 only; fp32 models keep the reference. jax's
+  boolean mask. cuDNN takes fp16 and bf16 only (fp32 models take the CPU path). jax's
   Pallas GPU attention (``pallas.ops.gpu.attention``) has only a top-left causal mask.
-- **CPU**: the same online softmax in jnp (:func:`blocked_attention`): a ``lax.while_loop``
-  over blocks of the rows' pages, up to the longest live row, each block read through the
-  page table; its temporaries are one block's ``[B, H, C, KB]`` scores whatever the
-  context (the reference's grew with it: 9.4 GB at 8k on the 100m config).
+- **CPU**, and wherever those do not serve: an online softmax in jnp
+  (:func:`blocked_attention`), a ``lax.while_loop`` over blocks of the rows' pages up to the
+  longest live row, each block read through the page table; its temporaries are one
+  block's ``[B, H, C, KB]`` scores whatever the context (the reference's grew with it:
+  9.4 GB at 8k on the 100m config).
 
 On a CPU, ``kernels="pallas_interpret_gpu"`` runs the GPU path's call with XLA's
 implementation. jax 0.10.2's interpret mode cannot run the TPU kernel and its reference
 (``ref_ragged_paged_attention``) does not trace under jit, so ``"pallas_interpret"``
-prefills with the reference; the tests check :func:`ragged_paged_operands` by running that
-reference on them eagerly, and compile the kernel for TPUs deviceless.
+prefills with :func:`blocked_attention`; the tests check :func:`ragged_paged_operands` by
+running that reference on them eagerly, and compile the kernel for TPUs deviceless.
 """
 
 from __future__ import annotations
