@@ -110,8 +110,7 @@ def main(args) -> list[dict]:
     print()
     print(common.format_table(rows, COLUMNS))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        common.write_json(args.json, rows)
     return rows
 
 

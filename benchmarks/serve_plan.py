@@ -24,7 +24,7 @@ from benchmarks.anatomy import abstract_drafter, abstract_target_params
 
 from jspec import aot
 from jspec import kv_cache as kvc
-from jspec.bench import configs
+from jspec.bench import common, configs
 from jspec.bench.registry import Command, run_module
 from jspec.engine.programs import PLAIN, Programs
 from jspec.platform import building_for
@@ -150,8 +150,7 @@ def main(args) -> dict:
         print(f"{p:<28} {'yes':>5} {r['argument']:>8.2f} {r['output']:>7.2f} {r['alias']:>9.2f} "
               f"{r['temp']:>8.2f} {r['used_GB']:>8.2f} {r.get('used_of_hbm', 0):>7.1%}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        common.write_json(args.json, out)
     return out
 
 

@@ -267,6 +267,19 @@ def read_table(cache: PagedKVCache) -> jax.Array:
     return jnp.clip(cache.page_table, 0, cache.num_pages - 1)
 
 
+def gather_pages(pool: jax.Array, layer, table: jax.Array, heads_first: bool = True):
+    """The pages ``table [B, M]`` (clamped into the pool) of layer ``layer`` of a stacked
+    pool ``[L, KVH, P, page_size, D]``, in one gather: ``[B, KVH, M, page_size, D]``, or
+    ``[B, M, KVH, page_size, D]`` with ``heads_first=False``."""
+    B, M = table.shape
+    _, KVH, _, S, D = pool.shape
+    idx = jnp.stack([jnp.broadcast_to(jnp.asarray(layer, jnp.int32), (B, M)), table], -1)
+    dn = jax.lax.GatherDimensionNumbers(offset_dims=(1, 3, 4) if heads_first else (2, 3, 4),
+                                        collapsed_slice_dims=(0, 2), start_index_map=(0, 2))
+    return jax.lax.gather(pool, idx, dn, (1, KVH, 1, S, D),
+                          mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+
+
 def read_layer(cache: PagedKVCache, layer: int,
                table: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """All of a row's addressable slots for one layer: ``[B, KVH, max_len, D]`` each.
@@ -279,14 +292,7 @@ def read_layer(cache: PagedKVCache, layer: int,
         table = read_table(cache)
     B, M = table.shape
     _, KVH, _, S, D = cache.k_pages.shape
-    idx = jnp.stack([jnp.full((B, M), layer, jnp.int32), table], -1)          # [B, M, 2]
-    dn = jax.lax.GatherDimensionNumbers(offset_dims=(1, 3, 4), collapsed_slice_dims=(0, 2),
-                                        start_index_map=(0, 2))
-
-    def get(pages):
-        g = jax.lax.gather(pages, idx, dn, (1, KVH, 1, S, D),
-                           mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
-        return g.reshape(B, KVH, M * S, D)
+    get = lambda pool: gather_pages(pool, layer, table).reshape(B, KVH, M * S, D)
     return get(cache.k_pages), get(cache.v_pages)
 
 

@@ -123,13 +123,7 @@ def ragged_paged_operands(q, k_pages, v_pages, table, committed, layer) -> tuple
     # row's own tokens.
     extra = -(-C // ps)
     t = jnp.concatenate([table, jnp.broadcast_to(table[:, -1:], (B, extra))], 1)   # [B, M']
-    idx = jnp.stack([jnp.broadcast_to(layer, t.shape).astype(jnp.int32), t], -1)
-    dn = jax.lax.GatherDimensionNumbers(offset_dims=(2, 3, 4), collapsed_slice_dims=(0, 2),
-                                        start_index_map=(0, 2))
-
-    def rows(pool):                                                     # [B, M', KVH, ps, D]
-        return jax.lax.gather(pool, idx, dn, (1, KVH, 1, ps, D),
-                              mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+    rows = lambda pool: kvc.gather_pages(pool, layer, t, heads_first=False)  # [B, M', KVH, ps, D]
     M = t.shape[1]
     kv = jnp.stack([rows(k_pages), rows(v_pages)], axis=3)             # [B, M', KVH, 2, ps, D]
     kv = kv.transpose(0, 1, 4, 2, 3, 5).reshape(B * M, ps, 2 * KVH, D)  # k0 v0 k1 v1 ...

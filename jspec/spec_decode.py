@@ -130,22 +130,22 @@ class SpecDecoder:
         attend = kernels.prefill_attention_fn(self.kernels, c, self.page_size)
 
         def step(carry, chunk, first_chunk):
-            cache, dstate, logits = carry
+            cache, dstate, last = carry
             hidden, aux, cache = chunked.target_chunk(c, params, cache, chunk, self.aux_layers,
                                                       attend)
-            logits = chunked.keep_last(chunk, lm_logits(c, params, chunk.take_last(hidden)),
-                                       logits)
-            first = sample(logits, keys0, self.sampling)
-            nxt = jnp.where(chunk.positions == (prompt_lens - 1)[:, None], first[:, None],
+            logits = lm_logits(c, params, chunk.take_last(hidden))
+            # (logits, first token) of the rows whose last prompt position is in this chunk.
+            last = chunked.keep_last(chunk, (logits, sample(logits, keys0, self.sampling)),
+                                     last)
+            nxt = jnp.where(chunk.positions == (prompt_lens - 1)[:, None], last[1][:, None],
                             chunk.next_tokens)
             feed = d.prefill if first_chunk else d.extend
             dstate = feed(dparams, (c, params), dstate, d.features(hidden, aux, chunk.tokens),
                           nxt, chunk.count, kernels=self.kernels)
-            return cache, dstate, logits
+            return cache, dstate, last
 
-        cache, dstate, logits = chunked.run(prompt, prompt_lens, self.prefill_chunk, step,
-                                            (cache, dstate, None))
-        first = sample(logits, keys0, self.sampling)
+        cache, dstate, (logits, first) = chunked.run(prompt, prompt_lens, self.prefill_chunk,
+                                                     step, (cache, dstate, None))
         return (cache.replace(lengths=prompt_lens.astype(jnp.int32)), dstate, first, row_keys,
                 finite_rows(logits))
 
