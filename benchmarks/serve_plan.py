@@ -4,7 +4,8 @@ without them (deviceless; ``../shared/DESIGN.md`` section 6), with their memory 
 From abstract weights (nothing allocated), for a ``(1, model)`` mesh of a topology's chips
 (``--topology v5e:2x4``: 8 v5e chips, tensor parallelism over the KV heads; ``--topology h200``:
 one H200), it compiles the engine's ``decode`` for a full bucket of ``--slots`` rows (the fixed
-spec and plain decoding) and its ``insert`` for a prompt bucket, and prints XLA's memory
+spec and plain decoding), its ``sync`` (the drafter caught up after plain chunks) and its
+``insert`` for a prompt bucket, and prints XLA's memory
 analysis of each: arguments (weights, the slots' state with its KV pools), outputs, what is
 aliased (the state is donated, so the pools are updated in place) and temporaries, against
 the chip's HBM.
@@ -103,6 +104,8 @@ def serve_plan(cfg, kind: str, mesh, *, slots: int, context: int, max_new: int, 
                 programs, params, dparams, state, arg((slots,)), spec=spec),
             f"decode plain x{slots}": lambda: Programs.decode.trace(
                 programs, params, dparams, state, arg((slots,)), spec=PLAIN),
+            f"sync x{slots}": lambda: Programs.sync.trace(
+                programs, params, dparams, state, arg((slots,))),
             f"insert prompt {prompt}": lambda: Programs.insert.trace(
                 programs, params, dparams, state, arg(()), arg((1, prompt)), arg((1,)),
                 arg((1, max_pages)), arg((1, 8)), arg((1,)), key),

@@ -137,6 +137,8 @@ class Engine:
         self._dparams = None if drafter is None else self.drafter.params
         self.state = None
         self.chunk_log: list[tuple[int, int, str]] = []   # (live, bucket, mode) per decode call
+        self.syncs = 0                  # drafter catch-ups run (Programs.sync)
+        self._behind: set[int] = set()  # slots whose drafter plain chunks left behind
 
     def _resolve_policy(self, target, drafter, policy, spec):
         """``(policy with every spec resolved, deepest S, most nodes N, overshoot)``."""
@@ -219,6 +221,7 @@ class Engine:
         table = np.full((1, self.pages.max_pages), self.pages.num_pages, np.int32)
         table[0, :len(live.pages)] = live.pages
         stops = stop_table(self.target, live.req.stop_ids, 1, self.programs.stop_width)
+        self._behind.discard(slot)
         with self._on_mesh():
             self.state = self.programs.insert(
                 self.target.serving_params, self._dparams, self.state, jnp.int32(slot),
@@ -238,10 +241,15 @@ class Engine:
             if T > top and T != self.prompt_buckets[0]:
                 break
             self._insert(0, _Live(Request([0] * T, 1), 0, [0] * T, pages=[]))
+        modes = {mode_label(m): m for m in self.policy.picks.values()}.values()
+        syncs = self.drafter is not None and PLAIN in modes and len(modes) > 1
         with self._on_mesh():
             for b in self.buckets if buckets is None else buckets:
                 rows = jnp.arange(b, dtype=jnp.int32)
-                for mode in {mode_label(m): m for m in self.policy.picks.values()}.values():
+                if syncs and self.policy[b] != PLAIN:
+                    self.state = self.programs.sync(self.target.serving_params, self._dparams,
+                                                    self.state, rows)
+                for mode in modes:
                     self.state = self.programs.decode(self.target.serving_params,
                                                       self._dparams, self.state, rows,
                                                       spec=mode)
@@ -299,6 +307,14 @@ class Engine:
         mode = self.policy[bucket]
         self.chunk_log.append((len(live), bucket, mode_label(mode)))
         with self._on_mesh():
+            if self.drafter is not None and mode == PLAIN:
+                self._behind.update(live)
+            elif self._behind.intersection(live):
+                # Plain chunks left these rows' drafter behind: catch it up first.
+                self.state = self.programs.sync(self.target.serving_params, self._dparams,
+                                                self.state, jnp.asarray(rows))
+                self._behind.difference_update(live)
+                self.syncs += 1
             self.state = self.programs.decode(self.target.serving_params, self._dparams,
                                               self.state, jnp.asarray(rows), spec=mode)
 

@@ -4,7 +4,9 @@
 - :meth:`Programs.insert`: prefill one request into one slot's pages (one program per
   prompt bucket; the slot, its page table, stop ids, limit and key are traced);
 - :meth:`Programs.decode`: up to ``chunk`` iterations for the slots in ``rows`` (one
-  program per (mode, bucket of live slots)); the mode is a spec, or :data:`PLAIN`.
+  program per (mode, bucket of live slots)); the mode is a spec, or :data:`PLAIN`;
+- :meth:`Programs.sync`: a drafter that plain chunks left behind caught up with its target
+  (one program per bucket), run only before a speculative chunk.
 
 Every program takes the state and gives it back donated, so the pools are updated in
 place. Nothing here depends on which request sits in which slot: a row reads the pools
@@ -48,6 +50,7 @@ class SlotState:
     core: SpecState                 # draft is None without a drafter
     stop_ids: Int["B W"]            # -1 padded
     max_new: Int["B"]
+    drafted: Int["B"]               # the target length the drafter has its pairs up to
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +70,7 @@ class Programs:
     kernels: str = "reference"      # the target's and the drafter's attention (jspec.kernels)
     mesh: Any = None                # a (1, model) mesh: the target's pools over its KV heads
     prefill_chunk: int | None = None  # insert's prefill chunk (jspec.prefill; None: default)
+    sync_block: int = 32            # positions per block forward of :meth:`sync`
 
     # ----------------------------------------------------------------- helpers
     def pinned(self, state: SlotState) -> SlotState:
@@ -97,7 +101,7 @@ class Programs:
                       accept_by_pos=position_stats.empty(b))
         s = emit_block(s, first[:, None], finite.astype(jnp.int32), stops, max_new,
                        next_slots=self.max_nodes, finite=finite)
-        return SlotState(core=s, stop_ids=stops, max_new=max_new)
+        return SlotState(core=s, stop_ids=stops, max_new=max_new, drafted=cache.lengths)
 
     # ---------------------------------------------------------------- programs
     @functools.partial(jax.jit, static_argnames=("self",))
@@ -153,20 +157,24 @@ class Programs:
         """Up to ``chunk`` iterations (fewer when every row in ``rows`` is done) for slots
         ``rows [b]`` (distinct; free slots may pad the bucket: they are done and write
         nothing). ``spec``: a SpecConfig, None (the drafter's default tree) or :data:`PLAIN`,
-        plain decoding (with a drafter, its state kept current)."""
+        plain decoding (a drafter's state then lags: :meth:`sync` it before speculating;
+        unsynced, speculation stays exact but its drafts are poor)."""
         TRACE_COUNTS["engine_decode"] += 1
         params = pack_params(self.config, params)
         sub = R.take(state, rows, self.slots)
         if spec == PLAIN:
-            core = self.plain_chunk(params, dparams, sub)
+            core = self.plain_chunk(params, sub)
+            drafted = sub.drafted
         else:
             dec = self.spec_decoder(spec)
             core = self._loop(lambda s: dec.iterate(params, dparams, s, sub.stop_ids,
                                                     sub.max_new), sub.core, lambda s: s.done)
+            drafted = core.cache.lengths                 # speculation keeps the drafter current
         # A finished row gives its pages back after this call (the host frees them), so it
         # must write nothing more while it rides along in later chunks.
         core = R.release(core, core.done)
-        return self.pinned(R.put(state, sub.replace(core=core), rows, self.slots))
+        return self.pinned(R.put(state, sub.replace(core=core, drafted=drafted), rows,
+                                 self.slots))
 
     def _loop(self, step, carry, done):
         """``step`` up to ``chunk`` times, fewer when every row is ``done(carry)``."""
@@ -176,54 +184,75 @@ class Programs:
         return jax.lax.while_loop(cond, lambda c: (c[0] + 1, step(c[1])),
                                   (jnp.zeros((), jnp.int32), carry))[1]
 
-    def plain_chunk(self, params, dparams, sub: SlotState) -> SpecState:
-        """Plain steps. With a drafter, the (feature, next token) pair of every step is kept
-        and the drafter takes the chunk's pairs in one ``extend`` at the end: its state is
-        then what per-step extends give, so a later chunk can speculate from here, at the
-        cost of one block forward a chunk instead of one per step (per step, it cost a
-        two-row engine 15% against plain decoding on the shipped model)."""
+    def plain_chunk(self, params, sub: SlotState) -> SpecState:
+        """Plain steps, the drafter left alone: a row's drafter then lags its target
+        (``SlotState.drafted``) until :meth:`sync` catches it up, which the engine does only
+        before a speculative chunk. Keeping the drafter current in every plain chunk (one
+        drafter block forward and the target's features per step) cost the shipped model's
+        16-slot engine 17% against plain decoding without a drafter, and most rows decoded
+        plain (at high occupancy) finish plain."""
         step = lambda s: self.plain_iteration(params, s, sub.stop_ids, sub.max_new)
-        if self.drafter is None:
-            return self._loop(lambda s: step(s)[0], sub.core, lambda s: s.done)
-        b, K = sub.core.root.shape[0], self.chunk
-        feat = jax.eval_shape(lambda s: step(s)[1], sub.core)
-        pairs = (jnp.zeros((b, K) + feat.shape[2:], feat.dtype), jnp.zeros((b, K), jnp.int32),
-                 jnp.zeros((b,), jnp.int32))
+        return self._loop(step, sub.core, lambda s: s.done)
 
-        def buffered(carry):
-            s, (feats, toks, n) = carry
-            s2, f = step(s)
-            took = s2.iterations - s.iterations                  # 1 for live rows, else 0
-            at = jnp.where(took > 0, n, K)                       # out of range: dropped
-            r = jnp.arange(b)
-            return s2, (feats.at[r, at].set(f[:, 0], mode="drop"),
-                        toks.at[r, at].set(s2.root, mode="drop"), n + took)
+    @functools.partial(jax.jit, static_argnames=("self",), donate_argnames=("state",))
+    def sync(self, params, dparams, state: SlotState, rows) -> SlotState:
+        """Catch the drafter of slots ``rows [b]`` up with their target: for each position
+        a plain chunk decoded, the target's features are recomputed (a block forward over
+        the committed tokens that reads the KV already written and writes none, so the
+        target's cache and output are untouched) and given to the drafter's ``extend``,
+        ``sync_block`` positions per step, as the per-step extends would have. A row in
+        step (or done) costs nothing but its share of the block."""
+        TRACE_COUNTS["engine_sync"] += 1
+        params = pack_params(self.config, params)
+        sub = R.take(state, rows, self.slots)
+        c, s, G = self.config, sub.core, self.sync_block
+        first = s.cache.lengths - s.num_generated + 1        # the prompt's length
+        last = s.tokens.shape[1] - 1
+        j = jnp.arange(G, dtype=jnp.int32)[None]
 
-        core, (feats, toks, n) = self._loop(buffered, (sub.core, pairs), lambda c: c[0].done)
-        dstate = self.drafter.extend(dparams, (self.config, params), core.draft, feats, toks, n,
-                                     kernels=self.kernels)
-        return core.replace(draft=dstate)
+        def lag(carry):
+            s, drafted = carry
+            return jnp.where(s.done, 0, s.cache.lengths - drafted)
+
+        def step(carry):
+            s, drafted = carry
+            n = jnp.minimum(lag(carry), G)
+            pos = drafted[:, None] + j
+            at = pos - first[:, None]                        # index into the generated tokens
+            toks = jnp.take_along_axis(s.tokens, jnp.clip(at, 0, last), 1)
+            nxt = jnp.take_along_axis(s.tokens, jnp.clip(at + 1, 0, last), 1)
+            # lengths = drafted: the block's queries see exactly the positions before them;
+            # no write (valid all False), so they read the KV the plain steps wrote.
+            hidden, aux, cache = forward(c, params, toks, pos, s.cache.replace(lengths=drafted),
+                                         valid=jnp.zeros(toks.shape, bool),
+                                         aux_layers=self.aux_layers,
+                                         attention_fn=kernel_modes.attention_fn(self.kernels))
+            feats = self.drafter.features(hidden, aux, toks)
+            draft = self.drafter.extend(dparams, (c, params), s.draft, feats, nxt, n,
+                                        kernels=self.kernels)
+            return s.replace(cache=cache.replace(lengths=s.cache.lengths), draft=draft), \
+                drafted + n
+
+        s, drafted = jax.lax.while_loop(lambda c: jnp.any(lag(c) > 0), step, (s, sub.drafted))
+        return self.pinned(R.put(state, sub.replace(core=s, drafted=drafted), rows, self.slots))
 
     def plain_iteration(self, params, s: SpecState, stop_ids, max_new):
         """One target step per live row: the root's KV written, the next token drawn with its
-        position's key. Returns the state and the drafter's features of the root ``[b, 1, F]``
-        (None without a drafter)."""
+        position's key."""
         c = self.config
         live = ~s.done
-        hidden, aux, cache = forward(c, params, s.root[:, None], s.cache.lengths[:, None],
-                                     s.cache, valid=live[:, None], aux_layers=self.aux_layers,
-                                     attention_fn=kernel_modes.attention_fn(self.kernels))
+        hidden, _, cache = forward(c, params, s.root[:, None], s.cache.lengths[:, None],
+                                   s.cache, valid=live[:, None],
+                                   attention_fn=kernel_modes.attention_fn(self.kernels))
         logits = lm_logits(c, params, hidden[:, 0])
         tok = sample(logits, jax.vmap(jax.random.fold_in)(s.row_keys, s.num_generated),
                      self.sampling)
         finite = finite_rows(logits)
         n = live.astype(jnp.int32)
-        feats = None if self.drafter is None else \
-            self.drafter.features(hidden, aux, s.root[:, None])
         hist = s.accept_hist.at[jnp.arange(tok.shape[0]), n].add(n)
         s = s.replace(cache=kvc.advance(cache, n), root=jnp.where(live, tok, s.root),
                       iterations=s.iterations + n, accept_hist=hist,
                       accept_by_pos=position_stats.record(s.accept_by_pos, s.cache.lengths, n,
                                                           live))
         return emit_block(s, tok[:, None], (finite & live).astype(jnp.int32), stop_ids, max_new,
-                          next_slots=self.max_nodes, finite=finite), feats
+                          next_slots=self.max_nodes, finite=finite)

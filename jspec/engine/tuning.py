@@ -48,7 +48,8 @@ def measure(target, drafter, prompts: Sequence, candidates: Sequence, *, slots: 
     ``max_new_cap``: the engines' ``max_new_tokens`` (it sizes each row's KV, which the
     reference attention reads whole), as the engine being tuned has it."""
     sampling = sampling or SamplingConfig()
-    # Plain decoding as the engine runs it with this drafter loaded (its state kept current).
+    # Plain decoding as the engine runs it with this drafter loaded (the drafter left alone;
+    # the rounds never switch modes, so no catch-up is timed).
     engines = {mode_label(m): Engine(target, drafter, slots=slots, sampling=sampling,
                                      policy=uniform(m, slots),
                                      max_new_tokens=max(new_tokens, max_new_cap or 0),

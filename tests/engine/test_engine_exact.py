@@ -158,42 +158,90 @@ def test_bad_requests_are_refused_by_name(stories):
         Engine(target, oracle)
 
 
-def test_drafter_stays_current_through_plain_chunks(stories):
-    """Plain chunks buffer the (feature, token) pairs and extend the drafter once at the
-    chunk's end: speculation afterwards accepts as much as it does without the plain chunks
-    (a stale drafter state would accept about nothing)."""
-    from pathlib import Path
-
-    import jax.numpy as jnp
-
-    from jspec.drafters import load_drafter
+def _one_slot(target, drafter, prompt, new, chunk=4):
+    """A one-slot engine with ``prompt`` inserted (its programs called directly)."""
     from jspec.engine.engine import _Live
 
-    target, prompts = stories
+    eng = Engine(target, drafter, slots=1, spec=SpecConfig.chain(3), max_new_tokens=new,
+                 chunk=chunk, longest_prompt=48)
+    eng._ensure_state()
+    eng._insert(0, _Live(Request(prompt, new, stop_ids=[]), 0, prompt,
+                         eng.pages.take(len(prompt) + new + eng.overshoot)))
+    return eng
+
+
+def _run(eng, mode, times=1):
+    import jax.numpy as jnp
+
+    rows = jnp.zeros((1,), jnp.int32)
+    call = eng.programs.sync if mode == "sync" else \
+        lambda *a: eng.programs.decode(*a, spec=mode)
+    for _ in range(times):
+        eng.state = call(eng.target.serving_params, eng._dparams, eng.state, rows)
+
+
+@pytest.fixture(scope="module")
+def eagle3(stories):
+    from pathlib import Path
+
+    from jspec.drafters import load_drafter
+
     head = Path(__file__).resolve().parents[2] / "checkpoints" / "stories260K-eagle3"
-    drafter = load_drafter(head, target.config)
+    return load_drafter(head, stories[0].config)
+
+
+def test_plain_chunks_leave_the_drafter_and_sync_catches_it_up(stories, eagle3):
+    """Plain chunks do not run the drafter; :meth:`Programs.sync` then gives it what per-step
+    extends would have: the first speculative iterations after the switch accept as much as
+    without the plain steps, where the drafter left behind (drafting from a stale root)
+    accepts far less until its extends catch it up."""
+    target, prompts = stories
     accept = {}
-    for plain_chunks in (0, 2):
+    for case in ("spec only", "plain, synced", "plain, not synced"):
         hists = []
-        for p in prompts[:4]:
-            eng = Engine(target, drafter, slots=1, spec=SpecConfig.chain(3), max_new_tokens=80,
-                         chunk=4, longest_prompt=16)
-            eng._ensure_state()
-            eng._insert(0, _Live(Request(p, 80, stop_ids=[]), 0, p,
-                                 eng.pages.take(len(p) + 80 + eng.overshoot)))
-            rows = jnp.zeros((1,), jnp.int32)
-            for _ in range(plain_chunks):
-                eng.state = eng.programs.decode(target.serving_params, eng._dparams, eng.state,
-                                                rows, spec=PLAIN)
+        for p in prompts[:4] + [q[:5] for q in prompts[:4]]:
+            eng = _one_slot(target, eagle3, p, 40, chunk=1)
+            if case != "spec only":
+                _run(eng, PLAIN, 8)
+                assert int(eng.state.drafted[0]) == len(p)          # the drafter was left
+            if case == "plain, synced":
+                _run(eng, "sync")
+                assert int(eng.state.drafted[0]) == int(eng.state.core.cache.lengths[0])
             before = np.asarray(eng.state.core.accept_hist[0])
-            for _ in range(4):
-                eng.state = eng.programs.decode(target.serving_params, eng._dparams, eng.state,
-                                                rows, spec=eng.policy[1])
+            _run(eng, eng.policy[1], 2)
             hists.append(np.asarray(eng.state.core.accept_hist[0]) - before)
         h = np.sum(hists, 0)
-        accept[plain_chunks] = (h * np.arange(len(h))).sum() / h.sum()
-    assert accept[0] > 2.0, accept
-    assert accept[2] > 0.9 * accept[0], accept
+        accept[case] = (h * np.arange(len(h))).sum() / h.sum()
+    assert accept["spec only"] > 2.0, accept
+    assert accept["plain, synced"] > 0.9 * accept["spec only"], accept
+    assert accept["plain, not synced"] < 0.8 * accept["plain, synced"], accept
+
+
+def test_sync_gives_the_drafter_state_a_prefill_gives(stories, eagle3):
+    """After plain chunks and a sync, the drafter's KV over every committed position equals
+    the one a prefill of the prompt plus the tokens decoded so far writes (fp32), and so do
+    its feature and logits: the catch-up recomputes the target's features exactly."""
+    from jspec import kv_cache as kvc
+
+    target, prompts = stories
+    p = prompts[1]
+    eng = _one_slot(target, eagle3, p, 40)
+    _run(eng, PLAIN, 3)                                  # 12 plain steps, no drafter
+    _run(eng, "sync")
+    core = eng.state.core
+    L, n = int(core.cache.lengths[0]), int(core.num_generated[0])
+    assert L == len(p) + n - 1 and n == 13
+    ref = _one_slot(target, eagle3, p + np.asarray(core.tokens[0, :n - 1]).tolist(), 40)
+    rcore = ref.state.core
+    assert int(rcore.root[0]) == int(core.root[0])       # greedy: the same next token
+    for a, b in ((core.draft.cache, rcore.draft.cache),):
+        assert int(a.lengths[0]) == int(b.lengths[0]) == L
+        ka, va = kvc.read_layer(a, 0, a.page_table)
+        kb, vb = kvc.read_layer(b, 0, b.page_table)
+        np.testing.assert_allclose(ka[..., :L, :], kb[..., :L, :], atol=2e-5)
+        np.testing.assert_allclose(va[..., :L, :], vb[..., :L, :], atol=2e-5)
+    np.testing.assert_allclose(core.draft.feature[0], rcore.draft.feature[0], atol=2e-5)
+    np.testing.assert_allclose(core.draft.logits[0], rcore.draft.logits[0], atol=1e-4)
 
 
 def test_generate_with_more_prompts_than_slots_goes_through_the_engine(stories, plain):
