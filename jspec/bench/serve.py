@@ -44,6 +44,9 @@ def add_args(s) -> None:
     s.add_argument("--sweep", type=int, nargs="*", default=None, metavar="B",
                    help="also: tokens/s with B full slots (e.g. 1 4 8 16 32)")
     s.add_argument("--sweep-new", type=int, default=64)
+    s.add_argument("--sweep-repeats", type=int, default=5, help="timed passes per engine, "
+                   "round-robin, the best counting (with 2, the same engine moved by 10%% "
+                   "between sweeps on a 2-core CPU)")
     s.add_argument("--json", metavar="OUT")
 
 
@@ -100,7 +103,8 @@ def engine(target, drafter, work, B, chunk, order="longest", **kw):
             [c.stats["first_token_s"] or c.stats["latency_s"] for c in done], eng)
 
 
-def sweep(target, drafter, prompts, slot_counts, new, chunk, fixed, cap) -> list[dict]:
+def sweep(target, drafter, prompts, slot_counts, new, chunk, fixed, cap,
+          repeats=5) -> list[dict]:
     """Tokens/s with every slot full (no stop ids: each request runs ``new`` tokens), plain,
     the fixed spec and the stored pick, timed as ``jspec tune --occupancy`` times them
     (:func:`jspec.engine.tuning.best_rates` over at least 8 distinct prompts); engines sized
@@ -114,7 +118,7 @@ def sweep(target, drafter, prompts, slot_counts, new, chunk, fixed, cap) -> list
                    "pick": Engine(target, drafter, policy="auto", **kw)}
         for e in engines.values():
             e.warm(longest, buckets=[B])            # every slot full: only bucket B runs
-        rate = best_rates(engines, full_rounds(prompts, B, new), repeats=2)
+        rate = best_rates(engines, full_rounds(prompts, B, new), repeats=repeats)
         pick_mode = mode_label(engines["pick"].policy[B])
         del engines
         fresh()
@@ -175,7 +179,7 @@ def main(args) -> dict:
     if args.sweep:
         print()
         result["sweep"] = sw = sweep(target, drafter, prompts, args.sweep, args.sweep_new,
-                                     args.chunk, fixed, args.max_new)
+                                     args.chunk, fixed, args.max_new, args.sweep_repeats)
         print(f"{'slots':>5} {'plain':>8} {'fixed':>8} {'pick':>8} {'pick mode':>10} "
               f"{'pick/best':>9} {'pick/plain':>10}")
         for r in sw:
