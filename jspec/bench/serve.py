@@ -12,8 +12,10 @@ also when its first token is seen); first token is when the request's first delt
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import statistics
 import time
 from pathlib import Path
 
@@ -22,7 +24,8 @@ import numpy as np
 from jspec.bench.registry import Command
 from jspec.engine import Engine, Request
 from jspec.engine.policy import mode_label, parse_mode
-from jspec.engine.tuning import best_rates, full_rounds
+from jspec.engine.tuning import MIN_PROMPTS, full_rounds, serve_rounds
+from jspec.timing import round_robin
 
 
 def add_args(s) -> None:
@@ -106,9 +109,13 @@ def engine(target, drafter, work, B, chunk, order="longest", **kw):
 def sweep(target, drafter, prompts, slot_counts, new, chunk, fixed, cap,
           repeats=5) -> list[dict]:
     """Tokens/s with every slot full (no stop ids: each request runs ``new`` tokens), plain,
-    the fixed spec and the stored pick, timed as ``jspec tune --occupancy`` times them
-    (:func:`jspec.engine.tuning.best_rates` over at least 8 distinct prompts); engines sized
-    for ``cap`` new tokens a request, as in the stream above."""
+    the fixed spec and the stored pick, each engine a pass in turn (``repeats`` passes of
+    at least two rounds, :func:`jspec.engine.tuning.full_rounds`); engines sized for ``cap``
+    new tokens a request, as in the stream above. Tokens/s: the best pass. The ratios: the
+    median over the repeats of the ratio within one repeat, whose passes ran back to back
+    (this VM's speed drifts by 5-10% over tens of seconds, which pairing partly cancels:
+    the pick and the fixed spec, the same program at one slot, measured 0.91 apart by
+    their best passes in one sweep)."""
     rows = []
     longest = max(len(target.tokenizer.encode(p)) for p in prompts)
     for B in slot_counts:
@@ -118,15 +125,20 @@ def sweep(target, drafter, prompts, slot_counts, new, chunk, fixed, cap,
                    "pick": Engine(target, drafter, policy="auto", **kw)}
         for e in engines.values():
             e.warm(longest, buckets=[B])            # every slot full: only bucket B runs
-        rate = best_rates(engines, full_rounds(prompts, B, new), repeats=repeats)
+        rounds = full_rounds(prompts, B, new, max(MIN_PROMPTS, 2 * B))
+        t = round_robin({k: functools.partial(serve_rounds, e, rounds)
+                         for k, e in engines.items()}, repeats)
         pick_mode = mode_label(engines["pick"].policy[B])
         del engines
         fresh()
-        rows.append({"slots": B, **{f"{k}_tok_s": v for k, v in rate.items()},
+        # Every engine makes the same tokens (no stops), so a ratio of rates is one of times.
+        paired = lambda num, den: statistics.median(
+            min(t[k].times[i] for k in den) / t[num].times[i] for i in range(repeats))
+        rows.append({"slots": B, **{f"{k}_tok_s": v.result / v.best for k, v in t.items()},
                      "pick_mode": pick_mode,
-                     "pick_vs_best": rate["pick"] / max(rate["plain"], rate["fixed"]),
-                     "fixed_vs_plain": rate["fixed"] / rate["plain"],
-                     "pick_vs_plain": rate["pick"] / rate["plain"]})
+                     "pick_vs_best": paired("pick", ("plain", "fixed")),
+                     "fixed_vs_plain": paired("fixed", ("plain",)),
+                     "pick_vs_plain": paired("pick", ("plain",))})
     return rows
 
 

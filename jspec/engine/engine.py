@@ -11,13 +11,16 @@ The host loop, between compiled calls:
    it into the slot (:meth:`Programs.insert`); requests are admitted in order;
 2. decode: run up to ``chunk`` iterations on the live slots, gathered into the smallest
    bucket (1, 2, 4, ..., slots) that holds them, with the spec the policy gives that bucket
-   (:mod:`jspec.engine.policy`; plain decoding included);
+   (:mod:`jspec.engine.policy`; plain decoding included). Plain chunks leave a drafter
+   alone; before a speculative chunk, rows that plain chunks left behind have their
+   drafter caught up (:meth:`Programs.sync`);
 3. read back lengths and tokens, emit deltas, free the pages of finished rows.
 
-The programs are compiled once per prompt bucket (insert) and per (spec, bucket) (decode),
-so a stream of any length and mix compiles a small fixed set. Output never depends on the
-neighbours: a request's greedy tokens equal ``generate`` of it alone, and its samples depend
-only on its own key (position-keyed sampling; see :mod:`jspec.engine.programs`).
+The programs are compiled once per prompt bucket (insert), per (spec, bucket) (decode) and
+per bucket (sync), so a stream of any length and mix compiles a small fixed set. Output
+never depends on the neighbours: a request's greedy tokens equal ``generate`` of it alone,
+and its samples depend only on its own key (position-keyed sampling; see
+:mod:`jspec.engine.programs`).
 """
 
 from __future__ import annotations
