@@ -87,6 +87,7 @@ class Block:
     reach: Int[""] | None = None
     mask_bits: jax.Array | None = None
     rows: tuple | None = None
+    chunk: object = struct.field(pytree_node=False, default=None)  # a prompt chunk's backend
 
 
 def full_mask(block_mask: jax.Array | None, B: int, T: int) -> jax.Array:

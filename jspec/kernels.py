@@ -51,6 +51,7 @@ from jspec import kv_cache as kvc
 from jspec.attention import (Block, full_mask, merge_window, paged_attention_ref,
                              windowed_attention_ref)
 from jspec.platform import target_platform
+from jspec.prefill_attention import ChunkRouted, PrefillAttention, problem
 from jspec.sharding import heads_axis, model_split, per_device
 from jspec.spec_config import MAX_TREE_NODES
 from jspec.tree.build import pack_mask
@@ -199,9 +200,12 @@ class KernelAttention:
 def attention_fn(mode: str):
     """The attention backend of a concrete ``mode`` for :func:`jspec.llama.forward` and the
     drafters: callable as ``(q, cache, layer, block_mask)`` like the reference, with a
-    ``prepare`` the forward runs once outside its layer loop."""
+    ``prepare`` the forward runs once outside its layer loop. A causal block longer than any
+    tree (a prompt chunk a drafter's ``prefill`` or ``extend`` takes) goes to the prefill
+    attention, as the target's chunks do (:class:`jspec.prefill_attention.ChunkRouted`)."""
     _concrete(mode)
-    return paged_attention_ref if mode == "reference" else KernelAttention(mode)
+    main = paged_attention_ref if mode == "reference" else KernelAttention(mode)
+    return ChunkRouted(main, MAX_TREE_NODES, lambda D, dtype, ps: _prefill(mode, D, dtype, ps))
 
 
 def prefill_attention_fn(mode: str, config, page_size: int):
@@ -211,14 +215,17 @@ def prefill_attention_fn(mode: str, config, page_size: int):
     ``"pallas_interpret_gpu"`` the GPU path's call with XLA's implementation; XLA's blocked
     online softmax (:func:`jspec.prefill_attention.blocked_attention`) for ``"reference"``
     and ``"pallas_interpret"`` (see that module)."""
-    from jspec.prefill_attention import PrefillAttention, problem
     _concrete(mode)
+    return _prefill(mode, config.head_dim, config.dtype, page_size)
+
+
+def _prefill(mode: str, head_dim: int, dtype, page_size: int):
     if mode == "pallas_interpret_gpu":
         return PrefillAttention("dpa_xla")
     if mode != "pallas":
         return PrefillAttention("blocked")
     impl = {"tpu": "rpa", "gpu": "cudnn"}[_backend(mode)]
-    why = problem(impl, head_dim=config.head_dim, dtype=config.dtype, page_size=page_size)
+    why = problem(impl, head_dim=head_dim, dtype=dtype, page_size=page_size)
     if why:
         log.info("prefill attention: XLA's (%s)", why)
         return PrefillAttention("blocked")

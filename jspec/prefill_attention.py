@@ -110,6 +110,41 @@ class PrefillAttention:
                           (P(None, None, h), P(None, h), P(None, h), P()), P(None, None, h))
 
 
+class ChunkRouted:
+    """An attention backend (``main``: the reference or the tree kernel) whose causal blocks
+    longer than ``longest_tree`` queries go to ``chunk(head_dim, dtype, page_size)``, a
+    :class:`PrefillAttention`: a drafter's ``prefill``/``extend`` of a 512-token prompt
+    chunk otherwise fell to the reference and held ``[B, H, C, S]`` fp32 scores (4.4 GB, all
+    but 0.1 GB of the 8B speculative program's temporaries at batch 8, 8k, on one v6e chip).
+    Everything else (``writes_kv``, ``windowed``, ...) is ``main``'s."""
+
+    def __init__(self, main, longest_tree: int, chunk):
+        self.main, self.longest_tree, self.chunk = main, longest_tree, chunk
+
+    def __getattr__(self, name):
+        return getattr(self.main, name)
+
+    def _chunk_backend(self, cache, block_mask, q):
+        if block_mask is not None or q.shape[1] <= self.longest_tree:
+            return None
+        return self.chunk(cache.k_pages.shape[-1], cache.k_pages.dtype, cache.page_size)
+
+    def prepare(self, cache, block_mask, q) -> Block:
+        backend = self._chunk_backend(cache, block_mask, q)
+        if backend is None:
+            return self.main.prepare(cache, block_mask, q)
+        return backend.prepare(cache, None, q).replace(chunk=backend)
+
+    def __call__(self, q, cache, layer, block_mask=None, **kw):
+        if not isinstance(block_mask, Block):
+            if self._chunk_backend(cache, block_mask, q) is None:
+                return self.main(q, cache, layer, block_mask, **kw)
+            block_mask = self.prepare(cache, block_mask, q)
+        if block_mask.chunk is not None:
+            return block_mask.chunk(q, cache, layer, block_mask)
+        return self.main(q, cache, layer, block_mask, **kw)
+
+
 def ragged_paged_operands(q, k_pages, v_pages, table, committed, layer) -> tuple:
     """``ragged_paged_attention``'s operands for a chunk: ``q [B, C, H, D]`` as ``B``
     sequences of ``C`` queries ending at ``committed + C``, over the rows' pages of layer

@@ -64,3 +64,26 @@ def test_problems(monkeypatch):
                                                     page_size=16)
     monkeypatch.setattr(prefill_attention, "cudnn_missing", lambda: None)
     assert problem("cudnn", head_dim=128, dtype=jnp.bfloat16, page_size=16) is None
+
+
+@pytest.mark.parametrize("mode", ["reference", "pallas_interpret"])
+def test_long_causal_blocks_route_to_the_prefill_attention(mode, monkeypatch):
+    """``kernels.attention_fn``: a causal block longer than any tree (a drafter's prompt
+    chunk) is served by the prefill attention, equal to the reference; a short one, or one
+    with a tree mask, by the mode's own backend (one program: no scores of the whole chunk)."""
+    from jspec import kernels, prefill_attention
+    from jspec.spec_config import MAX_TREE_NODES
+
+    monkeypatch.setattr(prefill_attention, "KEY_BLOCK", 16)
+    att = kernels.attention_fn(mode)
+    q, cache = case(32, C=MAX_TREE_NODES + 8, M=20)
+    block = att.prepare(cache, None, q)
+    assert isinstance(block.chunk, PrefillAttention) and block.visible is None
+    got = jax.jit(lambda q, c: att(q, c, 1, att.prepare(c, None, q)))(q, cache)
+    np.testing.assert_allclose(got, paged_attention_ref(q, cache, 1, None), atol=2e-5)
+    # Called without a prepared block, as a drafter layer calls it: routed the same way.
+    np.testing.assert_allclose(att(q, cache, 1, None), got, atol=1e-6)
+    short = q[:, :MAX_TREE_NODES]
+    assert att.prepare(cache, None, short).chunk is None
+    tree = jnp.tril(jnp.ones((3, q.shape[1], q.shape[1]), bool))
+    assert att.prepare(cache, tree, q).chunk is None
