@@ -199,10 +199,8 @@ class KernelAttention:
 
 def attention_fn(mode: str):
     """The attention backend of a concrete ``mode`` for :func:`jspec.llama.forward` and the
-    drafters: callable as ``(q, cache, layer, block_mask)`` like the reference, with a
-    ``prepare`` the forward runs once outside its layer loop. A causal block longer than any
-    tree (a prompt chunk a drafter's ``prefill`` or ``extend`` takes) goes to the prefill
-    attention, as the target's chunks do (:class:`jspec.prefill_attention.ChunkRouted`)."""
+    drafters, like the reference, with a ``prepare`` run once per forward. A causal block
+    longer than any tree (a drafter's prompt chunk) goes to :func:`prefill_attention_fn`'s."""
     _concrete(mode)
     main = paged_attention_ref if mode == "reference" else KernelAttention(mode)
     return ChunkRouted(main, MAX_TREE_NODES, lambda D, dtype, ps: _prefill(mode, D, dtype, ps))
@@ -210,11 +208,9 @@ def attention_fn(mode: str):
 
 def prefill_attention_fn(mode: str, config, page_size: int):
     """A prefill chunk's attention backend (:mod:`jspec.prefill_attention`) for a concrete
-    ``mode``: jax's ragged paged attention on TPU and cuDNN's flash attention on GPU where
-    they serve these shapes (else XLA's, with the reason logged at info level);
-    ``"pallas_interpret_gpu"`` the GPU path's call with XLA's implementation; XLA's blocked
-    online softmax (:func:`jspec.prefill_attention.blocked_attention`) for ``"reference"``
-    and ``"pallas_interpret"`` (see that module)."""
+    ``mode``: jax's ragged paged attention on TPU, cuDNN's on GPU where they serve these
+    shapes (else XLA's, the reason logged); ``"pallas_interpret_gpu"`` the GPU call with
+    XLA's implementation; XLA's blocked online softmax for the other modes."""
     _concrete(mode)
     return _prefill(mode, config.head_dim, config.dtype, page_size)
 
