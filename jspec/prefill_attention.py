@@ -122,6 +122,8 @@ class ChunkRouted:
         self.main, self.longest_tree, self.chunk = main, longest_tree, chunk
 
     def __getattr__(self, name):
+        if name == "main":           # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
         return getattr(self.main, name)
 
     def _chunk_backend(self, cache, block_mask, q):
