@@ -48,7 +48,8 @@ def add_args(s) -> None:
                    help="also: tokens/s with B full slots (e.g. 1 4 8 16 32)")
     s.add_argument("--sweep-new", type=int, default=64)
     s.add_argument("--sweep-repeats", type=int, default=5, help="timed passes per engine, "
-                   "round-robin, the best counting (with 2, the same engine moved by 10%% "
+                   "in turn: tokens/s from the best pass, ratios the median of the ratios "
+                   "within a repeat (with 2 best-of passes, the same engine moved by 10%% "
                    "between sweeps on a 2-core CPU)")
     s.add_argument("--json", metavar="OUT")
 

@@ -245,11 +245,11 @@ class Engine:
                 break
             self._insert(0, _Live(Request([0] * T, 1), 0, [0] * T, pages=[]))
         modes = {mode_label(m): m for m in self.policy.picks.values()}.values()
-        syncs = self.drafter is not None and PLAIN in modes and len(modes) > 1
+        switches = self.drafter is not None and PLAIN in modes and len(modes) > 1
         with self._on_mesh():
             for b in self.buckets if buckets is None else buckets:
                 rows = jnp.arange(b, dtype=jnp.int32)
-                if syncs and self.policy[b] != PLAIN:
+                if switches and self.policy[b] != PLAIN:
                     self.state = self.programs.sync(self.target.serving_params, self._dparams,
                                                     self.state, rows)
                 for mode in modes:
