@@ -12,7 +12,7 @@ import jax
 from jspec.config import LlamaConfig
 from jspec.drafters import registry
 # Importing a kind's file registers it (jspec.drafters.registry); the order is the listing order.
-from jspec.drafters import eagle3, eagle1, mtp, medusa, ngram, oracle, draft_model  # noqa: F401
+from jspec.drafters import eagle3, eagle1, mtp, medusa, dflash, ngram, oracle, draft_model  # noqa: F401
 from jspec.sharding import boxed_shardings
 from jspec.spec_config import SpecConfig
 from jspec.tree.calibration import model_of

@@ -112,7 +112,7 @@ def int_field(d: dict, *names, default=None):
 
 def draft_layer_config(target: LlamaConfig, **overrides) -> LlamaConfig:
     """A one-layer decoder config shaped like the target's layers (the usual drafter)."""
-    return target.replace(num_layers=1, **overrides)
+    return target.replace(**{"num_layers": 1, **overrides})
 
 
 def layer_config(d: dict, target: LlamaConfig, dtype: str, hidden: int | None = None

@@ -23,7 +23,6 @@ vLLM ``blocks.{i}.layers.{j}.{weight,bias}`` and ``lm_heads.{i}.weight``.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import re
 
 import flax.linen as nn
@@ -82,12 +81,7 @@ def default_tree_paths(num_heads: int, spec: SpecConfig | None):
     if spec.num_steps > num_heads:
         raise DrafterMismatchError(
             f"medusa has {num_heads} heads, a tree of depth num_steps={spec.num_steps} needs that many")
-    if spec.is_chain:
-        return tuple((0,) * d for d in range(1, spec.num_steps + 1))
-    paths = [p for d in range(1, spec.num_steps + 1)
-             for p in itertools.product(range(spec.topk), repeat=d)]
-    paths.sort(key=lambda p: (sum(p), len(p), p))
-    return tuple(paths[:spec.num_draft_tokens - 1])
+    return StaticTree.for_spec(spec, num_heads).paths
 
 
 @dataclasses.dataclass(frozen=True)

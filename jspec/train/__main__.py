@@ -10,8 +10,9 @@ features   run the target once per sequence, cache hidden / aux / top-k logits a
 train      train one drafter on cached features (AdamW, warmup + cosine, clipping; resumes
            exactly from OUT/train_state.npz), then save it in jspec's drafter format to OUT/drafter
            ``python -m jspec.train train --target DIR --features FEATDIR --kind
-           {eagle3,eagle1,mtp,medusa} --out OUT [--steps 1500] [--batch-size 16] [--lr 3e-3]
-           [--warmup 50] [--unroll N] [--draft-vocab 256] [--medusa-heads 4] [--max-seconds S]``
+           {eagle3,eagle1,mtp,medusa,dflash} --out OUT [--steps 1500] [--batch-size 16] [--lr 3e-3]
+           [--warmup 50] [--unroll N] [--draft-vocab 256] [--medusa-heads 4] [--max-seconds S]
+           [--layers N] [--block-size 16] [--mask-token ID] [--anchors 16]`` (the last four: DFlash)
            ``--draft-vocab Vd`` (any kind): draft over the Vd most frequent tokens of the
            features' sequences, with a Vd-column head of the drafter's own and a d2t map
            (Medusa: a truncated vocabulary with a token_map); 0 = the full vocabulary
@@ -74,6 +75,7 @@ def cmd_features(a):
 
 def cmd_train(a):
     import dataclasses
+    import inspect
 
     import jax
 
@@ -92,14 +94,21 @@ def cmd_train(a):
                   freqs=F.token_frequencies(data["tokens"], data["lens"], target.config.vocab_size))
     # The options that are fields of this kind's architecture: EAGLE-3 reads the aux layers
     # the features were cached for; Medusa takes its head and block counts.
+    # DFlash taps the same cached layers and takes its depth, block size and mask token.
     options = dict(aux_layers=tuple(meta["aux_layers"]), num_heads=a.medusa_heads,
-                   num_layers=a.medusa_layers)
-    fields = {f.name for f in dataclasses.fields(registry.kind(a.kind).module)}
+                   num_layers=a.layers or a.medusa_layers, block_size=a.block_size,
+                   mask_token_id=a.mask_token)
+    entry = registry.kind(a.kind)
+    build = inspect.signature(entry.build).parameters
+    fields = {f.name for f in dataclasses.fields(entry.module)} | {
+        n for n, p in build.items() if p.kind is p.POSITIONAL_OR_KEYWORD}
     kw.update({k: v for k, v in options.items() if k in fields})
     d = D.build_drafter(a.kind, target.config, target.params, jax.random.key(a.seed), **kw)
     lc = D.default_loss(a.kind)
     if a.unroll:
         lc = D.LossConfig(**{**lc.__dict__, "unroll": a.unroll})
+    if a.anchors:
+        lc = D.LossConfig(**{**lc.__dict__, "anchors": a.anchors})
     tc = D.TrainConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, warmup=a.warmup,
                        weight_decay=a.weight_decay, clip=a.clip, seed=a.seed,
                        ckpt_every=a.ckpt_every, log_every=a.log_every, max_seconds=a.max_seconds)
@@ -221,6 +230,12 @@ def train_args(s: argparse.ArgumentParser) -> None:
                    help="draft over the N most frequent tokens (0: the target's vocabulary)")
     s.add_argument("--medusa-heads", type=int, default=4)
     s.add_argument("--medusa-layers", type=int, default=1)
+    s.add_argument("--layers", type=int, default=0,
+                   help="DFlash: decoder layers (default 1); Medusa: as --medusa-layers")
+    s.add_argument("--block-size", type=int, default=16, help="DFlash: the trained block")
+    s.add_argument("--mask-token", type=int, default=0,
+                   help="DFlash: the mask token id (a row of the target's embedding)")
+    s.add_argument("--anchors", type=int, default=0, help="DFlash: blocks per sequence (16)")
     s.add_argument("--ckpt-every", type=int, default=200)
     s.add_argument("--log-every", type=int, default=50)
     s.add_argument("--max-seconds", type=float, default=0.0)

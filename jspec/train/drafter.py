@@ -43,10 +43,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jspec import kv_cache as kvc
 from jspec.drafters import Drafter, random_drafter, registry
 from jspec.drafters.base import target_head
 from jspec.drafters.vocab import MAP_KEYS, build_d2t, set_draft_vocab, t2d_for
+from jspec.train.dflash_loss import dflash_loss
+from jspec.train.targets import soft_ce, soft_targets, train_cache
 from jspec.train.optim import TrainState, load_train_state, make_optimizer, save_train_state
 
 
@@ -56,6 +57,8 @@ class LossConfig:
     decay: float = 0.8           # weight of unroll step j (or Medusa head j): decay**j
     ce: float = 1.0              # soft cross-entropy weight
     reg: float = 0.0             # smooth-L1 feature regression weight (EAGLE-1)
+    anchors: int = 16            # DFlash: blocks drawn per sequence
+    gamma: float = 0.0           # DFlash: position decay (0: the paper's for the block size)
 
 
 def default_loss(kind: str) -> LossConfig:
@@ -133,26 +136,6 @@ def ttt_masks(T: int, unroll: int) -> np.ndarray:
     return m
 
 
-def soft_targets(vals, ids, t2d=None):
-    """Top-k logits -> (probs [.., k] renormalised over the kept ids, draft ids [.., k])."""
-    p = jax.nn.softmax(vals.astype(jnp.float32), -1)
-    if t2d is not None:
-        ids = t2d[ids]
-        p = jnp.where(ids >= 0, p, 0.0)
-        p = p / jnp.maximum(p.sum(-1, keepdims=True), 1e-20)
-        ids = jnp.maximum(ids, 0)
-    return p, ids
-
-
-def soft_ce(logits, probs, ids):
-    """``-sum_k p_k log softmax(logits)[ids_k]`` per position, and top-1 agreement."""
-    logp = jax.nn.log_softmax(logits, -1)
-    ce = -jnp.sum(probs * jnp.take_along_axis(logp, ids, -1), -1)
-    best = jnp.take_along_axis(ids, jnp.argmax(probs, -1)[..., None], -1)[..., 0]
-    acc = (jnp.argmax(logits, -1) == best).astype(jnp.float32)
-    return ce, acc
-
-
 def _shift_left(x, n=1):
     pad = jnp.zeros((x.shape[0], n) + x.shape[2:], x.dtype)
     return jnp.concatenate([x[:, n:], pad], 1)
@@ -166,14 +149,6 @@ def _shift_right(x, n=1):
 def _mean(x, m):
     m = m.astype(jnp.float32)
     return jnp.sum(x * m) / jnp.maximum(jnp.sum(m), 1.0)
-
-
-def train_cache(module, batch: int, slots: int, page_size: int = 16) -> kvc.PagedKVCache:
-    c = module.layer
-    pages = kvc.pages_needed(slots, page_size)
-    table = np.arange(batch * pages, dtype=np.int32).reshape(batch, pages)
-    return kvc.init_cache(module.cache_layers, c.num_kv_heads, c.head_dim, table, batch * pages,
-                          page_size, c.dtype)
 
 
 def recurrent_loss(module, params, target_cfg, target_params, batch, lc: LossConfig, t2d=None):
@@ -240,6 +215,7 @@ class LossFamily:
 FAMILIES = {
     "recurrent": LossFamily(recurrent_loss),
     "medusa": LossFamily(medusa_loss, vocab=lambda vd, V: vd or V, start=_zero_blocks),
+    "dflash": LossFamily(dflash_loss, vocab=lambda vd, V: 0),
 }
 
 
@@ -264,6 +240,7 @@ def sample_batch(data: dict, module, step: int, batch_size: int, seed: int,
     b = {k: data[k][pick] for k in ("tokens", "lens", "topk_vals", "topk_ids")}
     b["feats"] = data[fk][pick]
     b["hidden"] = data["hidden"][pick]
+    b["rng"] = np.array([seed, step], np.uint32)       # the loss's own draws (DFlash anchors)
     return {k: jnp.asarray(v) for k, v in b.items()}
 
 

@@ -76,6 +76,22 @@ class StaticTree:
             paths += itertools.product(*(range(k) for k in topks[:d]))
         return cls.from_paths(paths)
 
+    @classmethod
+    def for_spec(cls, spec, depth: int) -> "StaticTree":
+        """The tree a per-position drafter (one top-k list per depth, ``depth`` of them)
+        drafts for ``spec``: a chain of top-1 tokens when ``spec.topk == 1``, else the
+        ``N - 1`` paths of the per-depth top-K product with the smallest rank sums (a
+        deterministic stand-in for a calibrated tree)."""
+        if spec.num_steps > depth:
+            raise ValueError(f"a tree of depth num_steps={spec.num_steps} needs {spec.num_steps} "
+                             f"drafted positions; this drafter has {depth}")
+        if spec.is_chain:
+            return cls.from_paths((0,) * d for d in range(1, spec.num_steps + 1))
+        paths = [p for d in range(1, spec.num_steps + 1)
+                 for p in itertools.product(range(spec.topk), repeat=d)]
+        paths.sort(key=lambda p: (sum(p), len(p), p))
+        return cls.from_paths(paths[:spec.num_draft_tokens - 1])
+
 
 def static_tree_tokens(tree: StaticTree, root_token: jax.Array, head_topk: jax.Array) -> DraftTree:
     """``head_topk [B, heads, k]`` (each head's tokens, best first) -> :class:`DraftTree`."""

@@ -25,7 +25,7 @@ from jspec.convert import main
 from jspec.drafters import load_drafter, save_drafter
 from jspec.target import Target
 
-from helpers.drafter_layouts import (TCFG, V, assert_exact, eagle1_ckpt, eagle3_ckpt,  # noqa: F401
+from helpers.drafter_layouts import (TCFG, V, assert_exact, dflash_ckpt, eagle1_ckpt, eagle3_ckpt,  # noqa: F401,E501
                                      medusa_fd_ckpt, medusa_vllm_ckpt, mtp_ckpt, plain, target)
 from helpers.tiny_targets import l2c_target, tiny_target
 
@@ -38,6 +38,7 @@ MAKE = {
     "medusa-vllm": lambda p: medusa_vllm_ckpt(p, heads=3, layers=2),
     "medusa-vllm-truncated": lambda p: medusa_vllm_ckpt(
         p, Vd=40, token_map=np.sort(np.random.default_rng(3).choice(V, 40, replace=False))),
+    "dflash": lambda p: dflash_ckpt(p),
 }
 KIND = {"medusa-fasterdecoding": "medusa", "medusa-vllm": "medusa",
         "medusa-vllm-truncated": "medusa"}
@@ -97,7 +98,7 @@ def test_hf_orbax_hf_is_bit_exact(tmp_path, target_dir, layout):
 
 # ----------------------------------------------------------------- exactness
 @pytest.mark.parametrize("layout", ["eagle1", "eagle3", "mtp", "medusa-fasterdecoding",
-                                    "medusa-vllm"])
+                                    "medusa-vllm", "dflash"])
 def test_converted_drafter_is_exact(tmp_path, target_dir, target, plain, layout):
     src, _ = MAKE[layout](tmp_path / "src")
     assert convert(src, tmp_path / "orbax", "--target", target_dir) == 0

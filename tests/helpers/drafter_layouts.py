@@ -1,5 +1,5 @@
 """Synthetic drafter checkpoints in each published layout (EAGLE-1, EAGLE-3, MTP, Medusa
-FasterDecoding and vLLM), written by hand: names and HF [out, in] shapes spelt out,
+FasterDecoding and vLLM, DFlash), written by hand: names and HF [out, in] shapes spelt out,
 independently of the loader's tables, with random values so transposes show. Also the tiny
 target they draft for (``TCFG``), its plain-decoding reference (the ``target`` and ``plain``
 fixtures: import them into the test module) and :func:`assert_exact`.
@@ -113,6 +113,24 @@ def eagle3_ckpt(path, Vd=48, aux_ids=(0, 2, 4), d2t=None, drop=(), extra=None, *
            "draft_vocab_size": Vd, **cfg_over}
     if aux_ids is not None:
         cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(aux_ids)}
+    return write(path, cfg, t), t
+
+
+def dflash_ckpt(path, layers=2, taps=(1, 3), block=6, mask=3, drop=(), **cfg_over):
+    """z-lab / SpecForge DFlash: ``fc`` over the concatenated taps, per-head q/k norms, no
+    embedding and no LM head (the target's)."""
+    t = {"fc.weight": rnd(H, len(taps) * H), "hidden_norm.weight": 1 + rnd(H),
+         "norm.weight": 1 + rnd(H)}
+    for i in range(layers):
+        p = f"layers.{i}."
+        t.update({p + "input_layernorm.weight": 1 + rnd(H), p + "self_attn.q_norm.weight": 1 + rnd(HD),
+                  p + "self_attn.k_norm.weight": 1 + rnd(HD), **attn_mlp(p)})
+    for k in drop:
+        del t[k]
+    cfg = {**LAYER_CFG, "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+           "num_hidden_layers": layers, "block_size": block, "num_target_layers": L,
+           "layer_types": ["full_attention"] * layers,
+           "dflash_config": {"mask_token_id": mask, "target_layer_ids": list(taps)}, **cfg_over}
     return write(path, cfg, t), t
 
 

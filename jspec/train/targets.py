@@ -1,0 +1,38 @@
+"""What every drafter loss reads: the target's cached top-k as soft labels, the soft
+cross-entropy against them, and a training KV cache."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec import kv_cache as kvc
+
+
+def soft_targets(vals, ids, t2d=None):
+    """Top-k logits -> (probs [.., k] renormalised over the kept ids, draft ids [.., k])."""
+    p = jax.nn.softmax(vals.astype(jnp.float32), -1)
+    if t2d is not None:
+        ids = t2d[ids]
+        p = jnp.where(ids >= 0, p, 0.0)
+        p = p / jnp.maximum(p.sum(-1, keepdims=True), 1e-20)
+        ids = jnp.maximum(ids, 0)
+    return p, ids
+
+
+def soft_ce(logits, probs, ids):
+    """``-sum_k p_k log softmax(logits)[ids_k]`` per position, and top-1 agreement."""
+    logp = jax.nn.log_softmax(logits, -1)
+    ce = -jnp.sum(probs * jnp.take_along_axis(logp, ids, -1), -1)
+    best = jnp.take_along_axis(ids, jnp.argmax(probs, -1)[..., None], -1)[..., 0]
+    acc = (jnp.argmax(logits, -1) == best).astype(jnp.float32)
+    return ce, acc
+
+
+def train_cache(module, batch: int, slots: int, page_size: int = 16) -> kvc.PagedKVCache:
+    c = module.layer
+    pages = kvc.pages_needed(slots, page_size)
+    table = np.arange(batch * pages, dtype=np.int32).reshape(batch, pages)
+    return kvc.init_cache(module.cache_layers, c.num_kv_heads, c.head_dim, table, batch * pages,
+                          page_size, c.dtype)
