@@ -290,11 +290,13 @@ def anatomy(cfg: LlamaConfig, kind: str | None = "eagle3", spec: SpecConfig | No
             temperature: float = 0.0, draft_vocab: int | None = None,
             programs=None, log=None, stacked: bool = True,
             compiler_options: dict | None = None, aot: str | None = None,
-            kernels: str = "reference") -> dict:
+            kernels: str = "reference", drafter_kw: dict | None = None) -> dict:
     """Rows for the plain step and (with a drafter ``kind``) draft / verify / finish /
     iteration. ``programs``: names to compile (default all); ``compiler_options``: see
     :func:`analyse`; ``aot``: compile for that TPU generation without one
-    (:data:`AOT_TARGETS`), tracing as for TPU (:func:`jspec.platform.building_for`)."""
+    (:data:`AOT_TARGETS`), tracing as for TPU (:func:`jspec.platform.building_for`);
+    ``drafter_kw``: more arguments of the kind's registry ``build`` (DFlash's
+    ``num_layers``, ``block_size``)."""
     device = aot_device(aot) if aot is not None else None
     platform = None
     if aot is not None:
@@ -302,11 +304,12 @@ def anatomy(cfg: LlamaConfig, kind: str | None = "eagle3", spec: SpecConfig | No
         platform = targets.target(aot_target(aot)).platform
     with building_for(platform) if platform else contextlib.nullcontext():
         return _anatomy(cfg, kind, spec, batch, context, max_new, page_size, temperature,
-                        draft_vocab, programs, log, stacked, compiler_options, device, kernels)
+                        draft_vocab, programs, log, stacked, compiler_options, device, kernels,
+                        drafter_kw or {})
 
 
 def _anatomy(cfg, kind, spec, batch, context, max_new, page_size, temperature, draft_vocab,
-             programs, log, stacked, compiler_options, device, kernels) -> dict:
+             programs, log, stacked, compiler_options, device, kernels, drafter_kw) -> dict:
     setup = Setup(cfg, batch, context, max_new, page_size, temperature, kernels)
     params = abstract_target_params(cfg, stacked)
     want = lambda n: programs is None or n in programs
@@ -316,7 +319,7 @@ def _anatomy(cfg, kind, spec, batch, context, max_new, page_size, temperature, d
     all_progs = {"plain_step": (fn, args, donate, pool_key(pstate.cache.k_pages))}
     if kind is not None:
         kw = {"vocab_size": draft_vocab} if draft_vocab else {}
-        drafter = abstract_drafter(kind, cfg, **kw)
+        drafter = abstract_drafter(kind, cfg, **kw, **drafter_kw)
         progs, sstate, spec = spec_programs(setup, params, drafter, spec)
         spools = pool_shapes_of(sstate)
         pools.update(spools)
@@ -373,11 +376,14 @@ def add_args(s) -> None:
     s.add_argument("--random-config", metavar="NAME", default="tiny",
                    help="a named random config (tiny, 100m, llama3-8b); no weights are made")
     s.add_argument("--drafter", metavar="KIND", default="eagle3",
-                   help="eagle1, eagle3, mtp, medusa, or none (plain step only)")
+                   help="a drafter kind (eagle3, dflash, ...), or none (plain step only)")
     s.add_argument("--spec", metavar="S,K,N", default=None,
                    help="tree knobs (default: the drafter's); a chain is S,1,S+1")
     s.add_argument("--draft-vocab", type=int, default=None,
                    help="eagle3: reduced draft vocabulary (with a d2t map)")
+    s.add_argument("--drafter-arg", metavar="KEY=INT", action="append", default=[],
+                   help="an argument of the kind's random build, e.g. num_layers=5 and "
+                        "block_size=16 for dflash (repeatable)")
     s.add_argument("--batch", type=int, default=8)
     s.add_argument("--context", type=int, default=1024, help="prompt tokens in the cache per row")
     s.add_argument("--max-new", type=int, default=128)
@@ -402,6 +408,16 @@ def add_args(s) -> None:
     s.add_argument("--json", metavar="OUT", help="also write the rows as JSON")
 
 
+def _drafter_args(items) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not value.lstrip("-").isdigit():
+            raise SystemExit(f"--drafter-arg {item!r}: expected KEY=INT")
+        out[key] = int(value)
+    return out
+
+
 def main(args) -> dict:
     name = args.random_config
     dtype = args.dtype or configs.natural_dtype(name)
@@ -410,7 +426,8 @@ def main(args) -> dict:
     log = lambda m: print(m, flush=True)
     result = anatomy(cfg, kind, parse_spec(args.spec), args.batch, args.context, args.max_new,
                      args.page_size, args.temperature, args.draft_vocab, args.programs, log=log,
-                     stacked=args.layout == "scan", aot=args.aot, kernels=args.kernels)
+                     stacked=args.layout == "scan", aot=args.aot, kernels=args.kernels,
+                     drafter_kw=_drafter_args(args.drafter_arg))
     backend = f"{args.aot} (deviceless AOT)" if args.aot else jax.default_backend()
     result["info"] = {"config": name, "layout": args.layout, **result["info"], "jax": jax.__version__,
                       "backend": backend, "load_avg": common.load_avg()}

@@ -36,7 +36,9 @@ from typing import Callable
 import jax
 
 from jspec.shipped import default_model, shipped_drafters
+from jspec.spec_config import SpecConfig
 from jspec.timing import round_robin, wall_s
+
 FIRST_CHAIN = 4           # round 1's chain length: deep enough to see how acceptance decays
 CALIBRATION_PROMPTS = 3
 # The shipped model's most Python-like greedy text starts here (checkpoints/README.md).
@@ -60,7 +62,6 @@ class Candidate:
         return None if d is None else cls(d["kind"], None if d["spec"] is None else tuple(d["spec"]))
 
     def spec_config(self):
-        from jspec.spec_config import SpecConfig
         return None if self.spec is None else SpecConfig(*self.spec)
 
 
@@ -174,6 +175,9 @@ def second_round(best: dict, drafters) -> list[Candidate]:
     if full > 0.3:               # the whole chain was often accepted: a longer one may pay
         cands.append(Candidate(kind, (S + 1, 1, S + 2)))
     d = drafters[kind].default_spec
+    if d is None:                 # the drafter's own default: a chain (DFlash's block) or not
+        S0, N0 = drafters[kind].module.tree_shape(None)
+        d = SpecConfig.chain(S0) if N0 == S0 + 1 else None
     default = Candidate(kind, None if d is None else
                         (d.num_steps, d.topk, d.num_draft_tokens))
     if default.spec is None or default.spec[1] > 1 or default.spec[0] not in (S - 1, S, S + 1):

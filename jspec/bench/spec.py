@@ -52,11 +52,16 @@ RANDOM_KINDS = registry.names(lambda k: k.needs_weights)
 
 # --------------------------------------------------------------------------- helpers
 def variants(drafter) -> list[tuple[str, SpecConfig | None]]:
-    """``[(mode, spec)]``: a chain and a tree per drafter (see the module docstring)."""
+    """``[(mode, spec)]``: a chain and a tree per drafter (see the module docstring); a kind
+    whose own default is a chain (DFlash: its whole block) runs its ``wide`` tree."""
+    entry, module = drafter.entry, drafter.module
     default = drafter.default_spec
-    tree = default if default is None or not default.is_chain else drafter.entry.mode(
-        "default", drafter.module)
-    return [("chain", drafter.entry.mode("chain", drafter.module)), ("tree", tree)]
+    tree = default if default is None or not default.is_chain else entry.mode("default", module)
+    if tree is None and "wide" in entry.modes:
+        S, N = module.tree_shape(None)
+        if N == S + 1:
+            tree = entry.mode("wide", module)
+    return [("chain", entry.mode("chain", module)), ("tree", tree)]
 
 
 def generate_in_turn(target: Target, batches: Sequence[Sequence], **kw):
@@ -87,10 +92,17 @@ def make_random_drafter(kind: str, cfg, seed: int = 0):
 
 
 def load_checkpoint_drafters(paths: Sequence[str], target: Target) -> list:
-    """Checkpoint directories, or any ``--drafter`` form the CLI takes (``ngram[:MIN:MAX]``,
-    ``random:KIND``)."""
+    """``(name, drafter, shapes)`` of checkpoint directories, or any ``--drafter`` form the
+    CLI takes (``ngram[:MIN:MAX]``, ``random:KIND``); ``PATH@S,K,N[+S,K,N...]`` runs those
+    shapes instead of the kind's chain and tree (``shapes`` None otherwise)."""
     from jspec.args import load_drafter_arg
-    return [(os.path.basename(os.path.normpath(p)), load_drafter_arg(p, target)) for p in paths]
+    from jspec.spec_config import parse_spec
+    out = []
+    for arg in paths:
+        p, _, shapes = arg.partition("@")
+        specs = [parse_spec(x) for x in shapes.split("+")] if shapes else None
+        out.append((os.path.basename(os.path.normpath(p)), load_drafter_arg(p, target), specs))
+    return out
 
 
 # --------------------------------------------------------------------------- part A
@@ -101,12 +113,14 @@ def spec_cases(target: Target, kinds: Sequence[str], drafter_paths: Sequence[str
     from jspec.drafters import Drafter, Oracle
 
     cfg = target.config
-    drafters = [(k, make_random_drafter(k, cfg, seed)) for k in kinds]
+    drafters = [(k, make_random_drafter(k, cfg, seed), None) for k in kinds]
     if oracle_fut is not None:
         drafters.append(("oracle", Drafter(Oracle(cfg.vocab_size),
-                                           {"future": jnp.asarray(oracle_fut)})))
+                                           {"future": jnp.asarray(oracle_fut)}), None))
     drafters += load_checkpoint_drafters(drafter_paths, target)
-    return [(name, d, mode, spec) for name, d in drafters for mode, spec in variants(d)]
+    return [(name, d, mode, spec) for name, d, specs in drafters
+            for mode, spec in (variants(d) if specs is None else
+                               [("chain" if s.is_chain else "tree", s) for s in specs])]
 
 
 def run_spec(target: Target, batch: int = 1, new_tokens: int = 128, prompt_len: int = 32,
@@ -189,8 +203,9 @@ def add_args(s) -> None:
     s.add_argument("--new-tokens", type=int, default=128)
     s.add_argument("--prompt-len", type=int, default=32)
     s.add_argument("--drafter", metavar="PATH", nargs="+", default=[],
-                   help="drafter checkpoints (jspec Orbax or HF EAGLE/EAGLE-3/Medusa/MTP layouts), "
-                        "or ngram[:MIN_N:MAX_N] (prompt lookup)")
+                   help="drafter checkpoints (jspec Orbax or a published HF layout), or "
+                        "ngram[:MIN_N:MAX_N] (prompt lookup); PATH@S,K,N[+S,K,N...] runs those "
+                        "shapes instead of its chain and tree (e.g. a DFlash head's block sizes)")
     s.add_argument("--kinds", nargs="*", default=None,
                    help="random-weight drafters to run (default: all four, none with --prompts; "
                         "the oracle runs unless --prompts)")

@@ -170,6 +170,13 @@ class DFlash(DraftModuleDefaults):
     def cache_layers(self) -> int:
         return self.layer.num_layers
 
+    # No draft vocabulary: it drafts over the target's, through the target's head.
+    draft_head_paths = ()
+
+    @property
+    def draft_vocab(self) -> int:
+        return self.target_vocab
+
     # ---------------------------------------------------------------- host side
     def tree(self, spec: SpecConfig | None) -> StaticTree:
         spec = SpecConfig.chain(self.block_size - 1) if spec is None else spec
@@ -287,9 +294,13 @@ class DFlash(DraftModuleDefaults):
 
 
 def _random(target_cfg: LlamaConfig, key, num_layers: int = 1, aux_layers=None,
-            block_size: int = 16, mask_token_id: int = 0, **layer):
+            block_size: int = 16, mask_token_id: int = 0, vocab_size: int = 0, **layer):
     """Random weights: ``num_layers`` decoder layers shaped like the target's; by default
-    as many taps as layers, where the published heads put them."""
+    as many taps as layers, where the published heads put them. No draft vocabulary: it
+    reads out through the target's head."""
+    if vocab_size and vocab_size != target_cfg.vocab_size:
+        raise ValueError(f"a dflash drafter reads out through the target's head: no draft "
+                         f"vocabulary (vocab_size={vocab_size})")
     aux = tuple(aux_layers) if aux_layers else default_aux_layers(target_cfg.num_layers,
                                                                    num_layers)
     module = DFlash(hf.draft_layer_config(target_cfg, num_layers=num_layers, **layer),
@@ -370,7 +381,7 @@ def _write_config(module: DFlash, layout, num_target_layers) -> dict:
 ENTRY = register(DrafterKind(
     name="dflash", module=DFlash, default_spec=None,        # a chain of block_size - 1
     build=_random,
-    modes={"chain": None, "default": None,
+    modes={"chain": lambda m: SpecConfig.chain(m.block_size - 1), "default": None,
            "wide": lambda m: SpecConfig(m.block_size - 1, 2, min(2 * m.block_size, 32))},
     loss=("dflash", {}),
     hf=hf.HFLayout(

@@ -10,6 +10,7 @@ the head and rank each node reads) is computed once on the host; at run time
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from typing import Sequence
 
@@ -81,16 +82,29 @@ class StaticTree:
         """The tree a per-position drafter (one top-k list per depth, ``depth`` of them)
         drafts for ``spec``: a chain of top-1 tokens when ``spec.topk == 1``, else the
         ``N - 1`` paths of the per-depth top-K product with the smallest rank sums (a
-        deterministic stand-in for a calibrated tree)."""
+        deterministic stand-in for a calibrated tree). Made once per (spec, depth)."""
         if spec.num_steps > depth:
             raise ValueError(f"a tree of depth num_steps={spec.num_steps} needs {spec.num_steps} "
                              f"drafted positions; this drafter has {depth}")
-        if spec.is_chain:
-            return cls.from_paths((0,) * d for d in range(1, spec.num_steps + 1))
-        paths = [p for d in range(1, spec.num_steps + 1)
-                 for p in itertools.product(range(spec.topk), repeat=d)]
-        paths.sort(key=lambda p: (sum(p), len(p), p))
-        return cls.from_paths(paths[:spec.num_draft_tokens - 1])
+        return _per_position_tree(spec.num_steps, spec.topk, spec.num_draft_tokens)
+
+
+@functools.lru_cache(maxsize=None)
+def _per_position_tree(S: int, K: int, N: int) -> StaticTree:
+    # Paths by rank sum: those of sum <= s, for the smallest s that gives N - 1 of them
+    # (the full product is K^S paths, 10^6 for S = 6, K = 10).
+    def paths(limit, prefix=()):
+        if prefix:
+            yield prefix
+        if len(prefix) < S:
+            for r in range(min(K, limit - sum(prefix) + 1)):
+                yield from paths(limit, prefix + (r,))
+
+    for limit in range(S * (K - 1) + 1):
+        found = sorted(paths(limit), key=lambda p: (sum(p), len(p), p))
+        if len(found) >= N - 1:
+            break
+    return StaticTree.from_paths(found[:N - 1])
 
 
 def static_tree_tokens(tree: StaticTree, root_token: jax.Array, head_topk: jax.Array) -> DraftTree:

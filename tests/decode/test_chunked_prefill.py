@@ -21,7 +21,7 @@ from jspec.prefill import DEFAULT_CHUNK, chunk_plan
 # last chunk is part padding) and 128 is one chunk, the unchunked program.
 CHUNKS = [pytest.param(16, id="divides"), pytest.param(20, id="does-not-divide"),
           pytest.param(128, id="larger")]
-KINDS = ["eagle1", "eagle3", "mtp", "medusa", "ngram", "model"]
+KINDS = ["eagle1", "eagle3", "mtp", "medusa", "dflash", "ngram", "model"]
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ from jspec.llama import Llama, init_params
 from jspec.spec_config import SpecConfig
 
 V = 61
-KINDS = ("eagle3", "eagle1", "mtp", "medusa", "model", "ngram", "oracle")
+KINDS = ("eagle3", "eagle1", "mtp", "medusa", "dflash", "model", "ngram", "oracle")
 SHAPES = [SpecConfig.chain(1), SpecConfig.chain(3), SpecConfig.chain(5), SpecConfig(1, 1, 2),
           SpecConfig(3, 1, 4), SpecConfig(2, 3, 4), SpecConfig(3, 2, 6), SpecConfig(4, 4, 8),
           SpecConfig(5, 4, 8), SpecConfig(3, 8, 16), SpecConfig(6, 10, 64), None]

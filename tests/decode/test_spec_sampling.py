@@ -116,3 +116,19 @@ def test_draft_model_sampling_matches_enumeration(target, exact, spec):
     assert p > 1e-3, (p, cells)
     hist = np.sum([s["accept_hist"] for s in res.stats], 0)
     assert hist[2:].sum() > 1000, hist
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(3, 4, 8), SpecConfig.chain(3)], ids=["tree", "chain"])
+def test_dflash_sampling_matches_enumeration(target, exact, spec):
+    """A block drafter's deterministic per-position drafts (top-k of one parallel forward):
+    the output stays distributed exactly as the target's. A random head drafts about its
+    mask token at every position, whatever its weights, so the mask token is the target's
+    likeliest first token: then drafts are accepted often, at every depth."""
+    likeliest = int(np.argmax(exact.sum((1, 2))))
+    drafter = random_drafter("dflash", target.config, jax.random.key(4), block_size=4,
+                             mask_token_id=likeliest)
+    toks, res = sample(target, drafter, spec, seed=3)
+    p, cells = pvalue(toks, exact)
+    assert p > 1e-3, (p, cells)
+    hist = np.sum([s["accept_hist"] for s in res.stats], 0)
+    assert hist[2:].sum() > 1000, hist

@@ -59,10 +59,10 @@ def test_plain_engine_equals_generate_and_frees_pages(stories, plain):
 
 
 KINDS = [("eagle3", None), ("eagle3", SpecConfig.chain(3)), ("eagle1", None), ("mtp", None),
-         ("medusa", None), ("model", None), ("ngram", None)]
+         ("medusa", None), ("dflash", SpecConfig(4, 2, 6)), ("model", None), ("ngram", None)]
 
 
-@pytest.mark.parametrize("kind,spec", KINDS, ids=[f"{k}-{'chain' if s else 'default'}"
+@pytest.mark.parametrize("kind,spec", KINDS, ids=[f"{k}-{'default' if s is None else 'chain' if s.is_chain else 'tree'}"
                                                    for k, s in KINDS])
 def test_speculative_engine_greedy_equals_plain(stories, plain, kind, spec):
     target, prompts = stories

@@ -20,7 +20,7 @@ from jspec.train import regen
 
 CFG = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=4, num_heads=4,
                   num_kv_heads=2, head_dim=8, max_position_embeddings=256, eos_token_ids=())
-KINDS = ["eagle3", "eagle1", "mtp", "medusa"]
+KINDS = ["eagle3", "eagle1", "mtp", "medusa", "dflash"]
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +48,8 @@ def _build(kind, target, data, **kw):
     if kind == "eagle3":
         extra = dict(aux_layers=tuple(data["meta"]["aux_layers"]), draft_vocab=48,
                      freqs=F.token_frequencies(data["tokens"], data["lens"], CFG.vocab_size))
+    if kind == "dflash":               # taps the cached layers, as the CLI does
+        extra = dict(aux_layers=tuple(data["meta"]["aux_layers"]), block_size=4)
     return D.build_drafter(kind, target.config, target.params, jax.random.key(1), **extra, **kw)
 
 
@@ -131,7 +133,7 @@ def test_trained_params_load_and_decode_exactly(trained, target, tmp_path, kind)
     assert loaded.kind == kind
     for a, b in zip(jax.tree_util.tree_leaves(t.params), jax.tree_util.tree_leaves(loaded.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    if kind not in ("eagle3", "medusa"):   # one recurrent and one static-tree drafter suffice
+    if kind not in ("eagle3", "medusa", "dflash"):   # a recurrent, a static-tree, a block drafter
         return
     prompts = [[1, 5, 9], [1, 7, 2, 2]]
     plain = jspec.generate(target, prompts, max_new_tokens=12, stop_ids=[])
