@@ -1,5 +1,5 @@
 """Sharded decoding on 8 simulated CPU devices gives the unsharded tokens: plain decoding on
-three meshes, speculative decoding (EAGLE-3 tree, MTP chain, sampled tree) at batch 8 on
+three meshes, speculative decoding (EAGLE-3 tree, MTP chain, DFlash tree, sampled tree) at batch 8 on
 (2, 4) (and (8, 1), (1, 8), (4, 2) with -m slow), where every data shard runs its own loop over its own
 KV page pool (jspec.sharding.per_data_shard).
 
@@ -42,11 +42,12 @@ SCRIPT = textwrap.dedent("""
                     "sampled": jspec.generate(target, prompts, max_new_tokens=20, stop_ids=[],
                                               temperature=1.0, seed=3).tokens}
     out["golden"] = [c["continuation_token_ids"][:40] for c in cases]
-    # Speculative decoding at batch 8 on every 8-device mesh: an EAGLE-3 tree and an MTP
-    # chain (greedy) and the EAGLE-3 tree sampled, against the unsharded runs.
+    # Speculative decoding at batch 8 on every 8-device mesh: an EAGLE-3 tree, an MTP chain
+    # and a DFlash tree (greedy) and the EAGLE-3 tree sampled, against the unsharded runs.
     from jspec.drafters import random_drafter
     from jspec.spec_config import SpecConfig
     e3, mtp = random_drafter("eagle3", target.config), random_drafter("mtp", target.config)
+    dfl = random_drafter("dflash", target.config, num_layers=2, block_size=8)
     rows8 = (prompts * 2)[:8]
     sampled = dict(max_new_tokens=16, stop_ids=[], temperature=1.0, seed=5)
     out["spec"] = {"plain": jspec.generate(target, rows8, max_new_tokens=24, stop_ids=[]).tokens,
@@ -60,6 +61,8 @@ SCRIPT = textwrap.dedent("""
                                      drafter=e3).tokens,
             "mtp": jspec.generate(t, rows8, max_new_tokens=24, stop_ids=[], mesh=mesh, drafter=mtp,
                                   spec=SpecConfig.chain(3)).tokens,
+            "dflash": jspec.generate(t, rows8, max_new_tokens=24, stop_ids=[], mesh=mesh,
+                                     drafter=dfl, spec=SpecConfig(7, 2, 12)).tokens,
             "sampled": jspec.generate(t, rows8, drafter=e3, mesh=mesh, **sampled).tokens}
     print(json.dumps(out))
 """)
@@ -76,6 +79,7 @@ def run_script(stories_dir, part: str, spec_meshes: str) -> dict:
     for mesh in spec_meshes.split(","):
         assert out["spec"][mesh]["eagle3"] == out["spec"]["plain"], mesh
         assert out["spec"][mesh]["mtp"] == out["spec"]["plain"], mesh
+        assert out["spec"][mesh]["dflash"] == out["spec"]["plain"], mesh
         assert out["spec"][mesh]["sampled"] == out["spec"]["sampled"], mesh
     return out
 
