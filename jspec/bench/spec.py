@@ -225,7 +225,7 @@ def add_args(s) -> None:
 
 def print_by_position(rows) -> None:
     print("\nmean accept length by context position (verify passes):")
-    print(position_stats.table({f"{r['drafter']} {r['mode']}": r["by position"]
+    print(position_stats.table({f"{r['drafter']} {r['mode']} ({r['S,K,N']})": r["by position"]
                                 for r in rows if "by position" in r}))
 
 

@@ -29,9 +29,12 @@ def modes_of(drafter: Drafter) -> dict:
     return {name: drafter.entry.mode(name, drafter.module) for name in drafter.entry.modes}
 
 
-def spec_name(spec) -> str:
+def spec_name(spec, module=None) -> str:
     if spec is None:
-        return "medusa tree"
+        if module is None:
+            return "default tree"
+        S, N = module.tree_shape(None)          # the drafter's own default shape
+        return f"({S},1,{N})" if N == S + 1 else f"{N}-node static tree"
     return f"({spec.num_steps},{spec.topk},{spec.num_draft_tokens})"
 
 
@@ -290,17 +293,18 @@ def acceptance_table(target, drafters: dict, prompts, heldout_seqs, *, max_new_t
     tf_cache = {}
     for name, d in drafters.items():
         aux = aux_layers_of(d.module)
-        for mode, spec in modes_of(d).items():
-            if mode not in modes:
-                continue
-            row = {"drafter": name, "mode": mode, "spec": spec_name(spec)}
+        specs = {m: s for m, s in modes_of(d).items() if m in modes}
+        # The greedy continuations reach the deepest shape compared (DFlash's block: 15).
+        depth = max([6] + [_depth(d.module, s) for s in specs.values()])
+        for mode, spec in specs.items():
+            row = {"drafter": name, "mode": mode, "spec": spec_name(spec, d.module)}
             if prompts:
                 row["e2e"] = e2e_accept(target, d, prompts, spec, max_new_tokens)
             if len(heldout_seqs):
-                key = aux
+                key = (aux, depth)
                 if key not in tf_cache:
                     tf_cache[key] = TeacherForced(target, heldout_seqs, aux_layers=aux,
-                                                  stride=stride)
+                                                  max_depth=depth, stride=stride)
                 row["teacher_forced"] = tf_cache[key].accept(d, spec)
             log(f"  {row}")
             rows.append(row)
