@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "checkpoints" / "default"
 TARGET = SHIPPED / "target"
 DRAFTERS = SHIPPED / "drafters"
-KINDS = ("eagle3", "eagle1", "medusa", "mtp")
+KINDS = ("eagle3", "eagle1", "medusa", "mtp", "dflash")
 PROMPTS = ["def fibonacci(n):", "class Parser:\n    def "]
 NEW = 16
 
@@ -107,9 +107,19 @@ def test_second_round_follows_the_accept_histogram():
     rarely_full = demo.second_round({**row, "accept_hist": [0, 6, 1, 1, 1, 1]}, {"eagle1": FakeDrafter})
     assert [c.spec for c in rarely_full] == [(3, 1, 4), (5, 4, 8)]
 
-    class MedusaLike:
-        default_spec = None
+    def own_default(S, N):             # a drafter whose default is its own shape (spec None)
+        class Module:
+            tree_shape = staticmethod(lambda spec: (S, N))
+
+        class Like:
+            default_spec, module = None, Module
+        return Like
     m = demo.second_round({"candidate": {"kind": "medusa", "spec": (4, 1, 5)},
-                           "accept_hist": [0, 9, 1, 0, 0, 0]}, {"medusa": MedusaLike})
+                           "accept_hist": [0, 9, 1, 0, 0, 0]}, {"medusa": own_default(4, 64)})
     assert [(c.spec, c.label) for c in m] == [((3, 1, 4), "medusa chain(3)"),
                                               (None, "medusa default tree")]
+    # DFlash's own default is its whole block as a chain: labelled and run as one.
+    d = demo.second_round({"candidate": {"kind": "dflash", "spec": (4, 1, 5)},
+                           "accept_hist": [0, 9, 1, 0, 0, 0]}, {"dflash": own_default(15, 16)})
+    assert [(c.spec, c.label) for c in d] == [((3, 1, 4), "dflash chain(3)"),
+                                              ((15, 1, 16), "dflash chain(15)")]
