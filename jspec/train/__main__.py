@@ -8,7 +8,7 @@ features   run the target once per sequence, cache hidden / aux / top-k logits a
            ``python -m jspec.train features --target DIR --seqs seqs.npz --out FEATDIR
            [--topk 16] [--aux-layers 1,2,4]``
 train      train one drafter on cached features (AdamW, warmup + cosine, clipping; resumes
-           exactly from OUT/train_state.npz), then save it in jspec's drafter format to OUT/drafter
+           exactly from OUT/checkpoints with --resume), then save it in jspec's drafter format to OUT/drafter
            ``python -m jspec.train train --target DIR --features FEATDIR --kind
            {eagle3,eagle1,mtp,medusa,dflash} --out OUT [--steps 1500] [--batch-size 16] [--lr 3e-3]
            [--warmup 50] [--unroll N] [--draft-vocab 256] [--medusa-heads 4] [--max-seconds S]
@@ -73,29 +73,58 @@ def cmd_features(a):
     print(f"wrote features of {len(seqs)} sequences to {out}")
 
 
+def _mesh(a):
+    """``--mesh DxM`` over every process's devices (after ``jax.distributed`` joined)."""
+    if not a.mesh:
+        return None
+    from jspec import sharding
+    data, model = (int(x) for x in a.mesh.lower().split("x"))
+    return sharding.make_mesh(data, model)
+
+
+def _train_data(a, target):
+    """``(data, aux layers, online)``: a feature cache (offline) or sequences (online)."""
+    from jspec.train import features as F
+    from jspec.train import regen
+    from jspec.train.sources import token_data
+    if bool(a.features) == bool(a.seqs):
+        raise SystemExit("give --features FEATDIR (offline) or --seqs SEQS.npz (online)")
+    if a.features:
+        data = F.load_features(a.features)
+        return data, tuple(data["meta"]["aux_layers"]), False
+    data = token_data(regen.load_sequences(a.seqs), length=a.seq_len or None)
+    aux = (tuple(int(x) for x in a.aux_layers.split(",")) if a.aux_layers
+           else F.aux_layers_for(target.config.num_layers))
+    return data, aux, True
+
+
 def cmd_train(a):
     import dataclasses
     import inspect
 
+    from jspec import distributed
+    if a.distributed or a.coordinator is not None:     # before anything starts a backend
+        distributed.initialize(a.coordinator, a.num_processes, a.process_id)
     import jax
 
     import jspec
     from jspec.drafters import registry, save_drafter
     from jspec.train import drafter as D
     from jspec.train import features as F
+    from jspec.train import trainer as T
+    from jspec.train.plots import plot_training
     target = jspec.load_target(a.target)
-    data = F.load_features(a.features)
-    meta = data["meta"]
+    data, aux_layers, online = _train_data(a, target)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     kw = {}
     if a.draft_vocab:
         kw = dict(draft_vocab=a.draft_vocab,
                   freqs=F.token_frequencies(data["tokens"], data["lens"], target.config.vocab_size))
-    # The options that are fields of this kind's architecture: EAGLE-3 reads the aux layers
-    # the features were cached for; Medusa takes its head and block counts.
-    # DFlash taps the same cached layers and takes its depth, block size and mask token.
-    options = dict(aux_layers=tuple(meta["aux_layers"]), num_heads=a.medusa_heads,
+    # The options that are fields of this kind's architecture: EAGLE-3 and DFlash read the
+    # aux layers (the cached ones offline); Medusa takes its head and block counts; DFlash
+    # its depth, block size and mask token.
+    options = dict(aux_layers=aux_layers, num_heads=a.medusa_heads,
                    num_layers=a.layers or a.medusa_layers, block_size=a.block_size,
                    mask_token_id=a.mask_token)
     entry = registry.kind(a.kind)
@@ -109,21 +138,31 @@ def cmd_train(a):
         lc = D.LossConfig(**{**lc.__dict__, "unroll": a.unroll})
     if a.anchors:
         lc = D.LossConfig(**{**lc.__dict__, "anchors": a.anchors})
-    tc = D.TrainConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, warmup=a.warmup,
+    tc = T.TrainConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, warmup=a.warmup,
                        weight_decay=a.weight_decay, clip=a.clip, seed=a.seed,
-                       ckpt_every=a.ckpt_every, log_every=a.log_every, max_seconds=a.max_seconds)
-    log_f = open(out / "train.log", "a")
+                       ckpt_every=a.ckpt_every, keep=a.keep, log_every=a.log_every,
+                       max_seconds=a.max_seconds, stop_after=a.stop_after, online=online,
+                       topk=a.topk, fsdp=a.fsdp)
+    main = jax.process_index() == 0
+    log_f = open(out / "train.log", "a") if main else None
 
     def log(msg):
-        print(msg, file=log_f, flush=True)
+        if log_f is not None:
+            print(msg, file=log_f, flush=True)
 
     t0 = time.time()
-    trained, metrics = D.train(d, target, data, tc, lc, ckpt_path=out / "train_state.npz", log=log)
+    trained, metrics = T.train(d, target, data, tc, lc, ckpt_dir=out / "checkpoints",
+                               resume=a.resume, mesh=_mesh(a), metrics_path=out / "metrics.jsonl",
+                               progress=main and not a.no_progress, log=log)
+    if not main:
+        return
     save_drafter(trained, out / "drafter", overwrite=True)
-    D.write_info(out / "info.json", {"kind": a.kind, "draft_vocab": a.draft_vocab,
-                                     "train": tc.__dict__, "loss": lc.__dict__,
-                                     "seconds": time.time() - t0, "features": str(a.features),
+    T.write_info(out / "info.json", {"kind": a.kind, "draft_vocab": a.draft_vocab,
+                                     "online": online, "train": tc.__dict__, "loss": lc.__dict__,
+                                     "seconds": time.time() - t0,
+                                     "data": str(a.features or a.seqs),
                                      "final": {k: float(v) for k, v in metrics.items()}})
+    plot_training(out / "metrics.jsonl", out / "training.png")
     print(f"saved {a.kind} drafter to {out / 'drafter'} ({time.time() - t0:.0f}s)")
 
 
@@ -215,11 +254,18 @@ def features_args(s: argparse.ArgumentParser) -> None:
 
 def train_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--target", required=True)
-    s.add_argument("--features", required=True)
+    src = s.add_argument_group("data (one of)")
+    src.add_argument("--features", default="", help="a feature cache: train offline")
+    src.add_argument("--seqs", default="", help="sequences (regen's .npz): train online, the "
+                     "target's forward inside each step")
+    s.add_argument("--aux-layers", default="", help="online: the target layers EAGLE-3 / "
+                   "DFlash read (default: as `features`)")
+    s.add_argument("--topk", type=int, default=16, help="online: the target's top-k labels")
+    s.add_argument("--seq-len", type=int, default=0, help="online: pad / cut sequences to this")
     s.add_argument("--kind", required=True, choices=_trainable_kinds())
     s.add_argument("--out", required=True)
     s.add_argument("--steps", type=int, default=1500)
-    s.add_argument("--batch-size", type=int, default=16)
+    s.add_argument("--batch-size", type=int, default=16, help="global: over all data shards")
     s.add_argument("--lr", type=float, default=3e-3)
     s.add_argument("--warmup", type=int, default=50)
     s.add_argument("--weight-decay", type=float, default=0.01)
@@ -236,9 +282,23 @@ def train_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--mask-token", type=int, default=0,
                    help="DFlash: the mask token id (a row of the target's embedding)")
     s.add_argument("--anchors", type=int, default=0, help="DFlash: blocks per sequence (16)")
-    s.add_argument("--ckpt-every", type=int, default=200)
+    ck = s.add_argument_group("checkpoints (Orbax, OUT/checkpoints)")
+    ck.add_argument("--ckpt-every", type=int, default=200)
+    ck.add_argument("--keep", type=int, default=3, help="checkpoints kept")
+    ck.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    ck.add_argument("--max-seconds", type=float, default=0.0)
+    ck.add_argument("--stop-after", type=int, default=0, help="stop (and save) after this step")
     s.add_argument("--log-every", type=int, default=50)
-    s.add_argument("--max-seconds", type=float, default=0.0)
+    s.add_argument("--no-progress", action="store_true")
+    mh = s.add_argument_group("mesh and multi-host (every process runs the same command)")
+    mh.add_argument("--mesh", metavar="DATAxMODEL", help="rows over DATA, the target over MODEL")
+    mh.add_argument("--fsdp", action="store_true",
+                    help="shard the drafter's parameters and optimizer state over DATA")
+    mh.add_argument("--distributed", action="store_true",
+                    help="join a multi-host run, coordinator auto-detected (TPU pods, Slurm)")
+    mh.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
+    mh.add_argument("--num-processes", type=int)
+    mh.add_argument("--process-id", type=int)
 
 
 def eval_args(s: argparse.ArgumentParser) -> None:

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import kv_cache as kvc
-from jspec.train.targets import soft_ce, soft_targets, train_cache
+from jspec.train.targets import label_mask, soft_ce, soft_targets, train_cache
 
 
 def decay_gamma(block_size: int) -> float:
@@ -64,7 +64,8 @@ def dflash_loss(module, params, target_cfg, target_params, batch, lc, t2d=None):
     probs, ids = soft_targets(batch["topk_vals"][row, safe], batch["topk_ids"][row, safe], t2d)
     ce, acc = soft_ce(logits, probs, ids)
     k = j[:, 1:]
-    valid = (k < m[:, None]) & (at + 1 < jnp.repeat(lens, A)[:, None])
+    valid = (k < m[:, None]) & label_mask(batch, (at + 1).reshape(B, A * (bs - 1))).reshape(
+        B * A, bs - 1)
     gamma = lc.gamma or decay_gamma(bs)
     w = jnp.exp(-(k - 1) / gamma) * valid
     total = jnp.sum(w * ce) / jnp.maximum(jnp.sum(w), 1e-6)

@@ -1,4 +1,4 @@
-"""Training draft heads with optax, on cached target features.
+"""Draft heads' training objectives, and the fresh drafters they start from.
 
 Every loss runs the drafters' own networks (``net_apply`` of :mod:`jspec.drafters`, or
 :class:`~jspec.drafters.medusa.MedusaHeads`), so trained parameters load straight back
@@ -25,30 +25,24 @@ next target feature + soft cross-entropy through the target's head, 2-step unrol
 3-step unroll; ``medusa`` head ``k`` reads the target's hidden at ``t`` and is trained on the
 target's distribution for token ``t+2+k`` (weights ``0.8**k``).
 
-Training state, optimizer and checkpoints are :mod:`jspec.train.optim`'s (AdamW with
-warmup + cosine decay, global-norm clipping, exact resume): batch ``s`` is drawn from
-``default_rng([seed, s])``, so a resumed run sees the same batches as an uninterrupted one.
+The loop that trains them (offline or online, on a mesh, checkpointed) is
+:mod:`jspec.train.trainer`; batches come from :mod:`jspec.train.sources`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import time
-from pathlib import Path
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from jspec.drafters import Drafter, random_drafter, registry
 from jspec.drafters.base import target_head
 from jspec.drafters.vocab import MAP_KEYS, build_d2t, set_draft_vocab, t2d_for
 from jspec.train.dflash_loss import dflash_loss
-from jspec.train.targets import soft_ce, soft_targets, train_cache
-from jspec.train.optim import TrainState, load_train_state, make_optimizer, save_train_state
+from jspec.train.targets import label_mask, soft_ce, soft_targets, train_cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +147,7 @@ def _mean(x, m):
 
 def recurrent_loss(module, params, target_cfg, target_params, batch, lc: LossConfig, t2d=None):
     """EAGLE-1 / EAGLE-3 / MTP: full-sequence causal pass plus TTT unroll (see module doc)."""
-    tokens, lens = batch["tokens"], batch["lens"]
+    tokens = batch["tokens"]
     B, T = tokens.shape
     U = lc.unroll
     nxt = _shift_left(tokens)                                   # token i+1 at draft pos i
@@ -169,7 +163,7 @@ def recurrent_loss(module, params, target_cfg, target_params, batch, lc: LossCon
         out, logits, cache = module.net_apply(
             params, target_cfg, target_params, nxt, feats, None if j == 0 else j, pos, cache,
             jnp.broadcast_to(masks[j], (B, T, U * T)), None, j * T)
-        valid = (i >= j) & (i + 2 < lens[:, None])
+        valid = (i >= j) & label_mask(batch, 2)
         ce, acc = soft_ce(logits, probs, ids)
         lj = lc.ce * _mean(ce, valid)
         if lc.reg:
@@ -185,9 +179,6 @@ def recurrent_loss(module, params, target_cfg, target_params, batch, lc: LossCon
 
 
 def medusa_loss(module, params, target_cfg, target_params, batch, lc: LossConfig, t2d=None):
-    lens = batch["lens"]
-    B, T = batch["tokens"].shape
-    i = jnp.arange(T)[None]
     head = None if module.vocab_size else target_head(target_cfg, target_params)
     logits = module.net.apply({"params": params["net"]}, batch["hidden"], head)   # [B, K, T, V]
     total, metrics = 0.0, {}
@@ -195,7 +186,7 @@ def medusa_loss(module, params, target_cfg, target_params, batch, lc: LossConfig
         probs, ids = soft_targets(_shift_left(batch["topk_vals"], k + 1),
                                   _shift_left(batch["topk_ids"], k + 1), t2d)
         ce, acc = soft_ce(logits[:, k], probs, ids)
-        valid = i + 2 + k < lens[:, None]
+        valid = label_mask(batch, 2 + k)
         total = total + lc.decay ** k * _mean(ce, valid)
         metrics[f"ce{k}"] = _mean(ce, valid)
         metrics[f"acc{k}"] = _mean(acc, valid)
@@ -224,114 +215,7 @@ def drafter_loss(module, params, target_cfg, target_params, batch, lc: LossConfi
     return fn(module, params, target_cfg, target_params, batch, lc, t2d)
 
 
-# ------------------------------------------------------------------ data
-def feature_key(module) -> str:
-    return "aux" if module.target_layers else "hidden"
-
-
-def sample_batch(data: dict, module, step: int, batch_size: int, seed: int,
-                 rows: np.ndarray | None = None) -> dict:
-    """Batch ``step``: rows drawn from ``default_rng([seed, step])`` (resume-exact)."""
-    n = len(data["tokens"]) if rows is None else len(rows)
-    pick = np.random.default_rng([seed, step]).choice(n, batch_size, replace=n < batch_size)
-    if rows is not None:
-        pick = rows[pick]
-    fk = feature_key(module)
-    b = {k: data[k][pick] for k in ("tokens", "lens", "topk_vals", "topk_ids")}
-    b["feats"] = data[fk][pick]
-    b["hidden"] = data["hidden"][pick]
-    b["rng"] = np.array([seed, step], np.uint32)       # the loss's own draws (DFlash anchors)
-    return {k: jnp.asarray(v) for k, v in b.items()}
-
-
-# ------------------------------------------------------------------ training
-@dataclasses.dataclass
-class TrainConfig:
-    steps: int = 1000
-    batch_size: int = 16
-    lr: float = 3e-3
-    warmup: int = 50
-    weight_decay: float = 0.01
-    clip: float = 1.0
-    seed: int = 0
-    ckpt_every: int = 200
-    log_every: int = 50
-    max_seconds: float = 0.0      # > 0: stop (and checkpoint) after this much wall time
-    stop_after: int = 0           # > 0: stop (and checkpoint) after this step (interruptions)
-
-
-_STEP_CACHE: dict = {}
-
-
-def make_train_step(module, target_cfg, lc: LossConfig, tc: TrainConfig):
-    """Jitted ``(state, frozen, t2d, target_params, batch) -> (state, metrics)``, cached per
-    (module, config, loss, optimizer settings) so repeated runs do not recompile."""
-    key = (module, target_cfg, lc, tc.lr, tc.warmup, tc.steps, tc.weight_decay, tc.clip)
-    if key in _STEP_CACHE:
-        return _STEP_CACHE[key]
-    tx = make_optimizer(tc.lr, tc.warmup, tc.steps, tc.weight_decay, tc.clip)
-
-    @jax.jit
-    def step(state: TrainState, frozen, t2d, target_params, batch):
-        def loss_fn(p):
-            return drafter_loss(module, {**p, **frozen}, target_cfg, target_params, batch, lc, t2d)
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        metrics["loss"] = loss
-        metrics["grad_norm"] = optax.global_norm(grads)
-        return state.apply_gradients(grads, tx), metrics
-
-    _STEP_CACHE[key] = (tx, step)
-    return tx, step
-
-
 def draft_t2d(module, frozen, vocab_size: int):
     """A drafter with a draft-vocabulary map: ``t2d [V]`` (-1 = not drafted); else None."""
     t2d = t2d_for(module, frozen, vocab_size)
     return None if t2d is None else jnp.asarray(t2d)
-
-
-def train(drafter: Drafter, target, data: dict, tc: TrainConfig, lc: LossConfig | None = None,
-          ckpt_path=None, progress: bool = True, log=print):
-    """Train ``drafter`` on cached features; resumes from ``ckpt_path`` when it exists.
-
-    Returns ``(Drafter with trained params, last metrics)``.
-    """
-    from tqdm import tqdm
-
-    module = drafter.module
-    lc = lc or default_loss(module.kind)
-    trainable, frozen = split_params(drafter.params)
-    t2d = draft_t2d(module, frozen, target.config.vocab_size)
-    tx, step_fn = make_train_step(module, target.config, lc, tc)
-    state = TrainState.create(trainable, tx, jax.random.key(tc.seed))
-    if ckpt_path is not None and Path(ckpt_path).exists():
-        state, meta = load_train_state(ckpt_path, state)
-        log(f"resumed from {ckpt_path} at step {int(state.step)}")
-    start = int(state.step)
-    bar = tqdm(total=tc.steps, initial=start, desc=f"train {module.kind}", disable=not progress,
-               dynamic_ncols=True)
-    t0 = time.time()
-    metrics = {}
-    for s in range(start, tc.steps):
-        batch = sample_batch(data, module, s, tc.batch_size, tc.seed)
-        state, metrics = step_fn(state, frozen, t2d, target.params, batch)
-        bar.update(1)
-        done = s + 1
-        if done % tc.log_every == 0 or done == tc.steps:
-            m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            bar.set_postfix(loss=f"{m['loss']:.3f}", acc0=f"{m.get('acc0', 0):.3f}")
-            log(f"step {done} " + " ".join(f"{k}={v:.4f}" for k, v in sorted(m.items())))
-        out_of_time = bool(tc.max_seconds and time.time() - t0 > tc.max_seconds
-                           or tc.stop_after and done >= tc.stop_after)
-        if ckpt_path is not None and (done % tc.ckpt_every == 0 or done == tc.steps or out_of_time):
-            save_train_state(state, ckpt_path, {"kind": module.kind, "step": done})
-        if out_of_time:
-            log(f"stopping at step {done} (max_seconds={tc.max_seconds}, "
-                f"stop_after={tc.stop_after})")
-            break
-    bar.close()
-    return Drafter(module, {**jax.device_get(state.params), **frozen}), metrics
-
-
-def write_info(path, info: dict):
-    Path(path).write_text(json.dumps(info, indent=1, default=str))

@@ -36,3 +36,17 @@ def train_cache(module, batch: int, slots: int, page_size: int = 16) -> kvc.Page
     table = np.arange(batch * pages, dtype=np.int32).reshape(batch, pages)
     return kvc.init_cache(module.cache_layers, c.num_kv_heads, c.head_dim, table, batch * pages,
                           page_size, c.dtype)
+
+
+def label_mask(batch, at):
+    """Whether the token at ``at`` (an int offset from each position ``[B, T]``'s own, or
+    positions ``[B, ...]``) is a label: inside the sequence and, where the batch has a
+    ``loss_mask`` (chat data: the assistant's turns), marked in it."""
+    lens, T = batch["lens"], batch["tokens"].shape[1]
+    if isinstance(at, int):
+        at = jnp.arange(T, dtype=jnp.int32)[None] + at
+    ok = at < lens.reshape((-1,) + (1,) * (at.ndim - 1))
+    if "loss_mask" in batch:
+        rows = jnp.arange(at.shape[0]).reshape((-1,) + (1,) * (at.ndim - 1))
+        ok = ok & batch["loss_mask"][rows, jnp.clip(at, 0, T - 1)].astype(bool)
+    return ok

@@ -35,6 +35,7 @@ from jspec.llama import init_params
 from jspec.spec_config import SpecConfig
 from jspec.target import Target
 from jspec.train import drafter as D
+from jspec.train.sources import sample_batch
 from jspec.train import features as F
 from jspec.train import regen
 from jspec.train.__main__ import main as train_main
@@ -255,7 +256,7 @@ def train_setup(tmp_path_factory):
 def _losses(ds, target, data):
     """Loss of each drafter (one spec) on batch 0, one compiled function."""
     m = ds[0].module
-    batch = D.sample_batch(data, m, 0, 8, 0)
+    batch = sample_batch(data, m, 0, 8, 0)
     fn = jax.jit(lambda p, tp, b, t2d: D.drafter_loss(m, p, TCFG, tp, b, D.default_loss(m.kind),
                                                       t2d)[0])
     out = []

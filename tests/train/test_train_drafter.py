@@ -15,6 +15,8 @@ from jspec.llama import init_params
 from jspec.spec_config import SpecConfig
 from jspec.target import Target
 from jspec.train import drafter as D
+from jspec.train import trainer as T
+from jspec.train.sources import sample_batch
 from jspec.train import features as F
 from jspec.train import regen
 
@@ -56,13 +58,13 @@ def _build(kind, target, data, **kw):
 def _loss(d, target, data):
     _, frozen = D.split_params(d.params)
     t2d = D.draft_t2d(d.module, frozen, CFG.vocab_size)
-    batch = D.sample_batch(data, d.module, 0, 8, 0)
+    batch = sample_batch(data, d.module, 0, 8, 0)
     fn = jax.jit(lambda p, tp, b, t2d: D.drafter_loss(d.module, p, CFG, tp, b,
                                                       D.default_loss(d.module.kind), t2d)[0])
     return float(fn(d.params, target.params, batch, t2d))
 
 
-TC = D.TrainConfig(steps=6, batch_size=8, lr=1e-2, warmup=1, log_every=100, ckpt_every=100)
+TC = T.TrainConfig(steps=6, batch_size=8, lr=1e-2, warmup=1, log_every=100, ckpt_every=100)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +73,7 @@ def trained(target, data):
     for kind in KINDS:
         d = _build(kind, target, data)
         before = _loss(d, target, data)
-        t, _ = D.train(d, target, data, TC, progress=False, log=lambda m: None)
+        t, _ = T.train(d, target, data, TC, progress=False, log=lambda m: None)
         out[kind] = (d, t, before, _loss(t, target, data))
     return out
 
@@ -92,13 +94,18 @@ def test_ttt_mask_matches_tree_visibility():
 
 
 def test_resume_is_exact(target, data, tmp_path):
+    """Orbax checkpoints: a run stopped at step 3 and resumed ends bitwise where an
+    uninterrupted run ends; an existing checkpoint without resume is refused."""
     d = _build("eagle3", target, data)
-    full, _ = D.train(d, target, data, TC, progress=False, log=lambda m: None)
-    ck = tmp_path / "state.npz"
-    D.train(d, target, data, dataclasses.replace(TC, stop_after=3), ckpt_path=ck,
+    full, _ = T.train(d, target, data, TC, progress=False, log=lambda m: None)
+    ck = tmp_path / "ckpt"
+    T.train(d, target, data, dataclasses.replace(TC, stop_after=3), ckpt_dir=ck,
             progress=False, log=lambda m: None)
+    with pytest.raises(ValueError, match="resume"):
+        T.train(d, target, data, TC, ckpt_dir=ck, progress=False, log=lambda m: None)
     logs = []
-    resumed, _ = D.train(d, target, data, TC, ckpt_path=ck, progress=False, log=logs.append)
+    resumed, _ = T.train(d, target, data, TC, ckpt_dir=ck, resume=True, progress=False,
+                         log=logs.append)
     assert any("resumed" in m and "step 3" in m for m in logs)
     for a, b in zip(jax.tree_util.tree_leaves(full.params), jax.tree_util.tree_leaves(resumed.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
