@@ -45,6 +45,17 @@ def _saveable() -> list[str]:
     return sorted(registry.names(lambda k: k.saveable))
 
 
+def _local_checkpointer():
+    """An Orbax checkpointer that this process runs alone: a drafter is host values, and in
+    a multi-host run one process writes it (the others must not be waited for)."""
+    if jax.process_count() == 1:
+        return ocp.PyTreeCheckpointer()
+    me = jax.process_index()
+    mp = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+    return ocp.Checkpointer(ocp.PyTreeCheckpointHandler(multiprocessing_options=mp),
+                            multiprocessing_options=mp)
+
+
 def save_drafter(drafter, path, overwrite: bool = False) -> None:
     """Write jspec's drafter format: ``jspec_drafter.json`` + Orbax params, atomically."""
     module = drafter.module
@@ -56,7 +67,7 @@ def save_drafter(drafter, path, overwrite: bool = False) -> None:
         meta["layer"] = module.layer.to_hf()
     with atomic_dir(path, overwrite) as tmp:
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=1))
-        ckptr = ocp.PyTreeCheckpointer()
+        ckptr = _local_checkpointer()
         params = dict(nn.unbox(drafter.params))
         model = params.pop(calibration.PARAM_KEY, None)
         ckptr.save(tmp / PARAMS_DIR, jax.tree_util.tree_map(np.asarray, params))

@@ -113,7 +113,8 @@ def cmd_train(a):
     from jspec.train import features as F
     from jspec.train import trainer as T
     from jspec.train.plots import plot_training
-    target = jspec.load_target(a.target)
+    mesh = _mesh(a)           # each process reads only the target weights its devices hold
+    target = jspec.load_target(a.target, mesh=mesh)
     data, aux_layers, online = _train_data(a, target)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -152,7 +153,7 @@ def cmd_train(a):
 
     t0 = time.time()
     trained, metrics = T.train(d, target, data, tc, lc, ckpt_dir=out / "checkpoints",
-                               resume=a.resume, mesh=_mesh(a), metrics_path=out / "metrics.jsonl",
+                               resume=a.resume, mesh=mesh, metrics_path=out / "metrics.jsonl",
                                progress=main and not a.no_progress, log=log)
     if not main:
         return

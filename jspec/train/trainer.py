@@ -94,6 +94,16 @@ def make_train_step(module, target_cfg, lc: LossConfig, tc: TrainConfig, state_s
     return tx, fn
 
 
+def _on_mesh(params, mesh) -> bool:
+    return all(getattr(getattr(x, "sharding", None), "mesh", None) == mesh
+               for x in jax.tree.leaves(params))
+
+
+def _local(x):
+    """A replicated value on this process (also where the array spans other processes)."""
+    return np.asarray(x.addressable_data(0) if isinstance(x, jax.Array) else x)
+
+
 def host(tree):
     """Device arrays -> numpy on every process (a multi-host FSDP state is gathered)."""
     if jax.process_count() > 1:
@@ -139,7 +149,7 @@ def train(drafter: Drafter, target, data: dict | None, tc: TrainConfig,
             raise ValueError("these data hold tokens only (no cached features): train online "
                              "(TrainConfig(online=True) / --online)")
         source = ArraySource(data, module, tc.batch_size, tc.seed)
-    if mesh is not None:
+    if mesh is not None and not _on_mesh(target.params, mesh):
         from jspec.target import shard_target
         target = shard_target(target, mesh)
     trainable, frozen = split_params(drafter.params)
@@ -181,7 +191,7 @@ def train(drafter: Drafter, target, data: dict | None, tc: TrainConfig,
             stop = (pre.hit or tc.max_seconds and time.time() - t0 > tc.max_seconds
                     or tc.stop_after and done >= tc.stop_after)
             if done % tc.log_every == 0 or done == tc.steps or stop:
-                m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                m = {k: float(_local(v)) for k, v in metrics.items()}
                 now = time.time()
                 m["tokens_per_s"] = tokens / max(now - last_t, 1e-9)
                 tokens, last_t = 0, now
