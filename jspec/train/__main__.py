@@ -83,19 +83,28 @@ def _mesh(a):
 
 
 def _train_data(a, target):
-    """``(data, aux layers, online)``: a feature cache (offline) or sequences (online)."""
+    """``(data, source, aux layers, online)``: a feature cache (offline), sequences in memory
+    or a streamed JSONL file (online)."""
     from jspec.train import features as F
     from jspec.train import regen
     from jspec.train.sources import token_data
-    if bool(a.features) == bool(a.seqs):
-        raise SystemExit("give --features FEATDIR (offline) or --seqs SEQS.npz (online)")
+    if sum(map(bool, (a.features, a.seqs, a.data))) != 1:
+        raise SystemExit("give one of --features FEATDIR (offline), --seqs SEQS.npz or "
+                         "--data FILE.jsonl (online)")
     if a.features:
         data = F.load_features(a.features)
-        return data, tuple(data["meta"]["aux_layers"]), False
-    data = token_data(regen.load_sequences(a.seqs), length=a.seq_len or None)
+        return data, None, tuple(data["meta"]["aux_layers"]), False
     aux = (tuple(int(x) for x in a.aux_layers.split(",")) if a.aux_layers
            else F.aux_layers_for(target.config.num_layers))
-    return data, aux, True
+    if a.seqs:
+        return token_data(regen.load_sequences(a.seqs), length=a.seq_len or None), None, aux, True
+    from jspec.train.pipeline import PipelineSource, sample_tokens
+    if target.tokenizer is None:
+        raise SystemExit(f"{a.target} has no tokenizer: --data needs one to read text")
+    seq_len = a.seq_len or 512
+    source = PipelineSource(a.data, target.tokenizer, seq_len, a.batch_size, a.seed)
+    # The draft vocabulary's token counts: the file's first records.
+    return sample_tokens(a.data, target.tokenizer, seq_len), source, aux, True
 
 
 def cmd_train(a):
@@ -115,7 +124,7 @@ def cmd_train(a):
     from jspec.train.plots import plot_training
     mesh = _mesh(a)           # each process reads only the target weights its devices hold
     target = jspec.load_target(a.target, mesh=mesh)
-    data, aux_layers, online = _train_data(a, target)
+    data, source, aux_layers, online = _train_data(a, target)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     kw = {}
@@ -153,7 +162,7 @@ def cmd_train(a):
 
     t0 = time.time()
     trained, metrics = T.train(d, target, data, tc, lc, ckpt_dir=out / "checkpoints",
-                               resume=a.resume, mesh=mesh, metrics_path=out / "metrics.jsonl",
+                               resume=a.resume, mesh=mesh, source=source, metrics_path=out / "metrics.jsonl",
                                progress=main and not a.no_progress, log=log)
     if not main:
         return
@@ -161,7 +170,7 @@ def cmd_train(a):
     T.write_info(out / "info.json", {"kind": a.kind, "draft_vocab": a.draft_vocab,
                                      "online": online, "train": tc.__dict__, "loss": lc.__dict__,
                                      "seconds": time.time() - t0,
-                                     "data": str(a.features or a.seqs),
+                                     "data": str(a.features or a.seqs or a.data),
                                      "final": {k: float(v) for k, v in metrics.items()}})
     plot_training(out / "metrics.jsonl", out / "training.png")
     print(f"saved {a.kind} drafter to {out / 'drafter'} ({time.time() - t0:.0f}s)")
@@ -259,10 +268,12 @@ def train_args(s: argparse.ArgumentParser) -> None:
     src.add_argument("--features", default="", help="a feature cache: train offline")
     src.add_argument("--seqs", default="", help="sequences (regen's .npz): train online, the "
                      "target's forward inside each step")
+    src.add_argument("--data", default="", help="JSONL text or chat records, streamed "
+                     "(jspec.train.pipeline): train online")
     s.add_argument("--aux-layers", default="", help="online: the target layers EAGLE-3 / "
                    "DFlash read (default: as `features`)")
     s.add_argument("--topk", type=int, default=16, help="online: the target's top-k labels")
-    s.add_argument("--seq-len", type=int, default=0, help="online: pad / cut sequences to this")
+    s.add_argument("--seq-len", type=int, default=0, help="online: pad / cut sequences to this (--data: default 512)")
     s.add_argument("--kind", required=True, choices=_trainable_kinds())
     s.add_argument("--out", required=True)
     s.add_argument("--steps", type=int, default=1500)

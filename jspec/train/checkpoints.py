@@ -28,6 +28,11 @@ class Checkpoints:
 
     def save(self, step: int, state, data=None, force: bool = False) -> bool:
         """Start saving (returns at once); ``data``: Orbax args of the iterator's position."""
+        if jax.default_backend() == "cpu":
+            # On CPU a "host copy" can be a view of the array's buffer, which the next step
+            # (donating the state) may overwrite before the background write reads it; a
+            # copy of our own costs one state's memory on the one platform it is cheap.
+            state = jax.tree.map(lambda x: x.copy(), state)
         items = {"state": ocp.args.StandardSave(state)}
         if data is not None:
             items["data"] = data
