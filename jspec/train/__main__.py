@@ -1,9 +1,11 @@
 """``python -m jspec.train {regen,features,train,eval,calibrate} ...``: train draft heads for a target.
 
-regen      sample continuations of a prompt set from the target itself
+regen      sample continuations of a prompt set from the target itself, through the serving
+           engine's dataset runner (resumable: rerun the same command; pods: pass the
+           runner's --distributed flags after --)
            ``python -m jspec.train regen --target DIR --out seqs.npz [--prompts stories-train|
-           stories-heldout|FILE] [--num-samples 3000] [--max-new-tokens 192]
-           [--temperature 0.8] [--seed 0] [--batch-size 64]``
+           stories-heldout|FILE.json|FILE] [--num-samples 3000] [--max-new-tokens 192]
+           [--temperature 0.8] [--seed 0] [-- --slots 8 --drafter D ...]``
 features   run the target once per sequence, cache hidden / aux / top-k logits as npz shards
            ``python -m jspec.train features --target DIR --seqs seqs.npz --out FEATDIR
            [--topk 16] [--aux-layers 1,2,4]``
@@ -40,24 +42,31 @@ import time
 from pathlib import Path
 
 
-def _prompts(arg: str):
+def _prompts(arg: str, split: str = "train"):
+    """``stories-train`` / ``stories-heldout``; a ``.json`` file (a list of prompts, or an
+    object whose ``split`` key holds one: multi-line prompts); else a text file, one per line."""
     from jspec.train import regen
     if arg == "stories-train":
         return regen.story_prompts("train")
     if arg == "stories-heldout":
         return regen.story_prompts("heldout")
+    if arg.endswith(".json"):
+        doc = json.loads(Path(arg).read_text())
+        return doc[split] if isinstance(doc, dict) else doc
     return [line.rstrip("\n") for line in Path(arg).read_text().splitlines() if line.strip()]
 
 
 def cmd_regen(a):
-    import jspec
+    """The target's own continuations, served by the dataset runner (``python -m jspec run``):
+    continuous batching, resumable (rerun the same command), split over processes."""
     from jspec.train import regen
-    target = jspec.load_target(a.target)
     t0 = time.time()
-    seqs, pl = regen.regenerate(target, _prompts(a.prompts), a.num_samples,
-                                max_new_tokens=a.max_new_tokens, temperature=a.temperature,
-                                seed=a.seed, batch_size=a.batch_size)
-    regen.save_sequences(a.out, seqs, pl)
+    seqs, pl = regen.regenerate_with_runner(
+        a.target, _prompts(a.prompts, a.split), a.num_samples, a.out,
+        max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed,
+        runner_args=a.runner_args)
+    if seqs is None:                      # stopped by a signal, or not process 0
+        return
     print(f"wrote {len(seqs)} sequences ({sum(map(len, seqs))} tokens) to {a.out} "
           f"in {time.time() - t0:.1f}s")
 
@@ -105,6 +114,20 @@ def _train_data(a, target):
     source = PipelineSource(a.data, target.tokenizer, seq_len, a.batch_size, a.seed)
     # The draft vocabulary's token counts: the file's first records.
     return sample_tokens(a.data, target.tokenizer, seq_len), source, aux, True
+
+
+def _evaluator(a, target, drafter):
+    """Teacher-forced acceptance on held-out sequences at ``--eval-spec`` (EAGLE-2 selection)."""
+    from jspec.spec_config import parse_spec
+    from jspec.train import acceptance as A
+    from jspec.train import regen
+    if not a.heldout_seqs:
+        raise SystemExit("--eval-every needs --heldout-seqs")
+    spec = parse_spec(a.eval_spec) if a.eval_spec else drafter.default_spec
+    seqs = regen.load_sequences(a.heldout_seqs)[:a.eval_seqs]
+    tf = A.TeacherForced(target, seqs, aux_layers=A.aux_layers_of(drafter.module),
+                         max_depth=max(6, spec.num_steps), stride=a.eval_stride)
+    return lambda d: tf.accept(d, spec)
 
 
 def cmd_train(a):
@@ -160,10 +183,13 @@ def cmd_train(a):
         if log_f is not None:
             print(msg, file=log_f, flush=True)
 
+    evaluate = _evaluator(a, target, d) if a.eval_every else None
     t0 = time.time()
     trained, metrics = T.train(d, target, data, tc, lc, ckpt_dir=out / "checkpoints",
-                               resume=a.resume, mesh=mesh, source=source, metrics_path=out / "metrics.jsonl",
-                               progress=main and not a.no_progress, log=log)
+                               resume=a.resume, mesh=mesh, source=source,
+                               metrics_path=out / "metrics.jsonl", evaluate=evaluate,
+                               eval_every=a.eval_every, progress=main and not a.no_progress,
+                               log=log)
     if not main:
         return
     save_drafter(trained, out / "drafter", overwrite=True)
@@ -244,13 +270,17 @@ def cmd_calibrate(a):
 
 def regen_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--target", required=True)
-    s.add_argument("--out", required=True)
+    s.add_argument("--out", required=True, help="sequences (.npz); OUT.requests.jsonl and "
+                   "OUT.results.jsonl beside it are the runner's input and (resumable) output")
     s.add_argument("--prompts", default="stories-train")
+    s.add_argument("--split", default="train", help="the key of a .json prompts file")
     s.add_argument("--num-samples", type=int, default=3000)
     s.add_argument("--max-new-tokens", type=int, default=192)
     s.add_argument("--temperature", type=float, default=0.8)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--batch-size", type=int, default=64)
+    s.add_argument("--seed", type=int, default=0, help="sample i uses seed + i")
+    s.add_argument("runner_args", nargs=argparse.REMAINDER,
+                   help="after --: flags for `python -m jspec run` (--slots, --drafter, "
+                        "--distributed, --coordinator, ...)")
 
 
 def features_args(s: argparse.ArgumentParser) -> None:
@@ -302,6 +332,12 @@ def train_args(s: argparse.ArgumentParser) -> None:
     ck.add_argument("--stop-after", type=int, default=0, help="stop (and save) after this step")
     s.add_argument("--log-every", type=int, default=50)
     s.add_argument("--no-progress", action="store_true")
+    ev = s.add_argument_group("held-out acceptance during training (metrics and the PNG)")
+    ev.add_argument("--eval-every", type=int, default=0, help="steps between evaluations")
+    ev.add_argument("--heldout-seqs", default="")
+    ev.add_argument("--eval-spec", default="", help="S,K,N (default: the drafter's)")
+    ev.add_argument("--eval-seqs", type=int, default=10)
+    ev.add_argument("--eval-stride", type=int, default=4)
     mh = s.add_argument_group("mesh and multi-host (every process runs the same command)")
     mh.add_argument("--mesh", metavar="DATAxMODEL", help="rows over DATA, the target over MODEL")
     mh.add_argument("--fsdp", action="store_true",

@@ -171,12 +171,81 @@ def regenerate(target, prompts: Sequence, num_samples: int, *, max_new_tokens: i
     return out, plens
 
 
+def regenerate_with_runner(target_dir, prompts: Sequence, num_samples: int, out, *,
+                           max_new_tokens: int = 192, temperature: float = 0.8, seed: int = 0,
+                           runner_args: Sequence[str] = ()):
+    """Sample ``num_samples`` continuations through the dataset runner and save them.
+
+    Sample ``i`` continues prompt ``i % len(prompts)`` with seed ``seed + i`` (its output
+    depends on nothing else: not the slot, the batch or the process). The runner's input
+    ``OUT.requests.jsonl`` and output ``OUT.results.jsonl`` sit beside ``out``; rerunning
+    resumes the output (each id exactly once). Returns ``(sequences, prompt_lens)`` in sample
+    order once every sample is in, after writing ``out``; ``(None, None)`` when the run was
+    stopped (SIGTERM: rerun to finish) or on processes other than 0 of a multi-host run.
+    """
+    import argparse
+    import json
+
+    import jax
+
+    from jspec import load_target
+    from jspec.engine import runner
+
+    if not prompts:
+        raise ValueError("regeneration needs at least one prompt")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    requests = out.with_name(out.name + ".requests.jsonl")
+    results = out.with_name(out.name + ".results.jsonl")
+    tok = load_target(target_dir).tokenizer
+    ids = [tok.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+    lines = [json.dumps({"id": i, "prompt_ids": ids[i % len(ids)], "seed": seed + i})
+             for i in range(num_samples)]
+    text = "\n".join(lines) + "\n"
+    if not requests.exists() or requests.read_text() != text:
+        if results.exists():
+            raise ValueError(f"{results} holds results for other requests; remove it or "
+                             f"choose another --out")
+        requests.write_text(text)
+    p = argparse.ArgumentParser()
+    runner.add_args(p)
+    extra = list(runner_args)[1:] if list(runner_args)[:1] == ["--"] else list(runner_args)
+    args = p.parse_args(["--model", str(target_dir), "--input", str(requests), "--output",
+                         str(results), "--max-new-tokens", str(max_new_tokens),
+                         "--temperature", str(temperature), "--on-error", "write", *extra])
+    runner.run(args)
+    if jax.process_index() != 0:
+        return None, None
+    done = {}
+    for line in results.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:            # a cut last line: the run was killed
+            continue
+        if "error" in r:
+            raise ValueError(f"regeneration request {r['id']}: {r['error']}")
+        done[r["id"]] = r["token_ids"]
+    if len(done) < num_samples:
+        return None, None
+    seqs = [np.asarray(ids[i % len(ids)] + done[i], np.int32) for i in range(num_samples)]
+    plens = [len(ids[i % len(ids)]) for i in range(num_samples)]
+    save_sequences(out, seqs, plens)
+    return seqs, plens
+
+
 def save_sequences(path, seqs: Sequence[np.ndarray], prompt_lens: Sequence[int] | None = None):
+    """One ``.npz`` (flat tokens, offsets, prompt lengths), written to a temporary sibling
+    and renamed."""
+    import os
     lens = np.array([len(s) for s in seqs], np.int64)
     offsets = np.concatenate([[0], np.cumsum(lens)])
     pl = np.zeros(len(seqs), np.int32) if prompt_lens is None else np.asarray(prompt_lens, np.int32)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, tokens=np.concatenate(seqs).astype(np.int32), offsets=offsets, prompt_lens=pl)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        np.savez(f, tokens=np.concatenate(seqs).astype(np.int32), offsets=offsets, prompt_lens=pl)
+    os.replace(tmp, path)
 
 
 def load_sequences(path, with_prompt_lens: bool = False):

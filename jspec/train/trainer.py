@@ -133,12 +133,15 @@ class _Preempted:
 
 def train(drafter: Drafter, target, data: dict | None, tc: TrainConfig,
           lc: LossConfig | None = None, ckpt_dir=None, *, resume: bool = False, mesh=None,
-          source=None, metrics_path=None, progress: bool = True, log=print):
+          source=None, metrics_path=None, evaluate=None, eval_every: int = 0,
+          progress: bool = True, log=print):
     """Train ``drafter``; returns ``(Drafter with trained params, last metrics)``.
 
     ``data``: a feature cache (offline) or ``tokens / lens`` (``tc.online``), drawn by an
     :class:`~jspec.train.sources.ArraySource`; or pass ``source`` (a streaming pipeline).
     ``ckpt_dir`` holding checkpoints already is an error unless ``resume``.
+    ``evaluate(drafter) -> float`` (held-out acceptance) runs every ``eval_every`` steps and
+    at the end; its value is the metrics' ``accept``.
     """
     from tqdm import tqdm
 
@@ -200,6 +203,12 @@ def train(drafter: Drafter, target, data: dict | None, tc: TrainConfig,
                                    if k.startswith("acc")})
                 log(f"step {done} " + " ".join(f"{k}={v:.4f}" for k, v in sorted(m.items())))
                 writer.write(done, m)
+            if evaluate is not None and eval_every and (done % eval_every == 0
+                                                        or done == tc.steps):
+                acc = float(evaluate(Drafter(module, {**host(state.params), **frozen_host})))
+                log(f"step {done} accept={acc:.4f}")
+                writer.write(done, {"accept": acc})
+                last_t = time.time()             # tokens/s counts training time only
             if ckpt is not None:
                 ckpt.save(done, state, source.save_args(), force=bool(stop or done == tc.steps))
             if stop:
@@ -226,14 +235,15 @@ class _Metrics:
 
 
 def read_metrics(path) -> list[dict]:
-    """The metrics file, one record per step (a resumed run's later line wins), by step."""
+    """The metrics file, one record per step (its lines merged; a resumed run's later values
+    win), by step."""
     rows = {}
     for line in Path(path).read_text().splitlines():
         try:
             r = json.loads(line)
         except json.JSONDecodeError:        # a line cut by a kill
             continue
-        rows[r["step"]] = r
+        rows.setdefault(r["step"], {}).update(r)
     return [rows[s] for s in sorted(rows)]
 
 
