@@ -22,6 +22,7 @@ kernels inside ``shard_map`` over ``model`` (``--kernels``, default: what ``gene
 "auto" picks there): the chip's own memory analysis (against its HBM) and collectives, where
 the CPU compile upcasts bf16 weights for its dots and plans memory for a CPU.
 ``--plain-step`` adds one plain decode step's HBM bytes per device beside one iteration's.
+``--train`` plans one drafter training step instead (:mod:`benchmarks.train_plan`).
 The command re-runs itself in a child process with ``JAX_PLATFORMS=cpu`` and
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (N = DATA x MODEL), so it never starts
 an accelerator backend and always has the devices the mesh needs.
@@ -29,6 +30,7 @@ an accelerator backend and always has the devices the mesh needs.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import re
@@ -305,7 +307,8 @@ def add_args(s) -> None:
     s.add_argument("--mesh", default="2x4", help="DATAxMODEL")
     s.add_argument("--spec", metavar="S,K,N", default=None)
     s.add_argument("--draft-vocab", type=int, default=None)
-    s.add_argument("--batch", type=int, default=8)
+    s.add_argument("--batch", type=int, default=None,
+                   help="global batch (default 8; --train: 8 rows per data shard)")
     s.add_argument("--context", type=int, default=2048)
     s.add_argument("--max-new", type=int, default=128)
     s.add_argument("--page-size", type=int, default=16)
@@ -324,6 +327,14 @@ def add_args(s) -> None:
     s.add_argument("--trace-for", default="tpu", choices=["tpu", "gpu", "cpu"],
                    help="the platform whose code paths are traced (compiled for CPU devices)")
     s.add_argument("--json", metavar="OUT")
+    t = s.add_argument_group("--train: one drafter training step instead (benchmarks.train_plan)")
+    t.add_argument("--train", action="store_true",
+                   help="plan one online training step of the drafter (default: eagle3 over "
+                        "a 32768-token draft vocabulary) instead of the speculative program")
+    t.add_argument("--seq-len", type=int, default=2048, help="--train: tokens per sequence")
+    t.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=None,
+                   help="--train: shard the drafter's parameters and optimizer state over "
+                        "DATA (default: on when DATA > 1)")
 
 
 def main(args) -> dict | None:
@@ -347,6 +358,10 @@ def main(args) -> dict | None:
     if devices is None and len(jax.devices()) < data * model:
         raise SystemExit(f"mesh {data}x{model} needs {data * model} devices; have "
                          f"{len(jax.devices())}")
+    if args.train:
+        from benchmarks.train_plan import run as train_run
+        return train_run(args, make_mesh(data, model, devices), args.config, topology,
+                         chip if topology else args.trace_for)
     kernels = args.kernels
     if kernels == "auto":        # what generate's "auto" picks on the chips compiled for
         kernels = "pallas" if topology else "reference"
@@ -356,7 +371,7 @@ def main(args) -> dict | None:
     name = args.config
     cfg = configs.random_config(name, args.dtype or configs.natural_dtype(name))
     mesh = make_mesh(data, model, devices)
-    p = plan(cfg, args.drafter, mesh, spec=parse_spec(args.spec), batch=args.batch,
+    p = plan(cfg, args.drafter, mesh, spec=parse_spec(args.spec), batch=args.batch or 8,
              context=args.context, max_new=args.max_new, page_size=args.page_size,
              draft_vocab=args.draft_vocab, platform=chip if topology else args.trace_for,
              log=lambda s: print(s, flush=True), kernels=kernels, plain_step=args.plain_step,
