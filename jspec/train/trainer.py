@@ -131,6 +131,28 @@ class _Preempted:
             signal.signal(signal.SIGTERM, self.old)
 
 
+def _start(drafter: Drafter, target, tc: TrainConfig, mesh):
+    """``(target, state, state shardings, frozen, t2d)``: a fresh train state, placed on
+    ``mesh`` with the target (None: where they are)."""
+    if mesh is not None and not _on_mesh(target.params, mesh):
+        from jspec.target import shard_target
+        target = shard_target(target, mesh)
+    trainable, frozen = split_params(drafter.params)
+    t2d = draft_t2d(drafter.module, frozen, target.config.vocab_size)
+    tx = make_optimizer(tc.lr, tc.warmup, tc.steps, tc.weight_decay, tc.clip)
+    # A copy: the step donates the state, and the caller's drafter keeps its arrays.
+    trainable = jax.tree.map(lambda x: jnp.array(x, copy=True), trainable)
+    state = TrainState.create(trainable, tx, jax.random.key_data(jax.random.key(tc.seed)))
+    state_sh = None
+    if mesh is not None:
+        state_sh = state_shardings(state, mesh, tc.fsdp)
+        state = place(state, state_sh)
+        rep = NamedSharding(mesh, P())
+        frozen = place(frozen, jax.tree.map(lambda _: rep, frozen))
+        t2d = None if t2d is None else place(t2d, rep)
+    return target, state, state_sh, frozen, t2d
+
+
 def train(drafter: Drafter, target, data: dict | None, tc: TrainConfig,
           lc: LossConfig | None = None, ckpt_dir=None, *, resume: bool = False, mesh=None,
           source=None, metrics_path=None, evaluate=None, eval_every: int = 0,
@@ -150,25 +172,10 @@ def train(drafter: Drafter, target, data: dict | None, tc: TrainConfig,
     if source is None:
         if not tc.online and is_online(data):
             raise ValueError("these data hold tokens only (no cached features): train online "
-                             "(TrainConfig(online=True) / --online)")
+                             "(TrainConfig(online=True); the CLI does for --seqs / --data)")
         source = ArraySource(data, module, tc.batch_size, tc.seed)
-    if mesh is not None and not _on_mesh(target.params, mesh):
-        from jspec.target import shard_target
-        target = shard_target(target, mesh)
-    trainable, frozen = split_params(drafter.params)
-    frozen_host = jax.device_get(frozen)
-    t2d = draft_t2d(module, frozen, target.config.vocab_size)
-    tx = make_optimizer(tc.lr, tc.warmup, tc.steps, tc.weight_decay, tc.clip)
-    # A copy: the step donates the state, and the caller's drafter keeps its arrays.
-    trainable = jax.tree.map(lambda x: jnp.array(x, copy=True), trainable)
-    state = TrainState.create(trainable, tx, jax.random.key_data(jax.random.key(tc.seed)))
-    state_sh = None
-    if mesh is not None:
-        state_sh = state_shardings(state, mesh, tc.fsdp)
-        state = place(state, state_sh)
-        rep = NamedSharding(mesh, P())
-        frozen = place(frozen, jax.tree.map(lambda _: rep, frozen))
-        t2d = None if t2d is None else place(t2d, rep)
+    target, state, state_sh, frozen, t2d = _start(drafter, target, tc, mesh)
+    frozen_host = jax.device_get(split_params(drafter.params)[1])
     _, step_fn = make_train_step(module, target.config, lc, tc, state_sh, mesh)
     ckpt = Checkpoints(ckpt_dir, tc.ckpt_every, tc.keep) if ckpt_dir is not None else None
     if ckpt is not None and ckpt.latest() is not None:
@@ -178,37 +185,26 @@ def train(drafter: Drafter, target, data: dict | None, tc: TrainConfig,
         state = ckpt.restore(state, source.restore_args())
         log(f"resumed from {ckpt.dir} at step {int(state.step)}")
     start = int(state.step)
-    writer = _Metrics(metrics_path)
+    writer = _Metrics(metrics_path, log)
     bar = tqdm(total=tc.steps, initial=start, desc=f"train {module.kind}", disable=not progress,
                dynamic_ncols=True)
-    t0 = last_t = time.time()
-    tokens = 0
+    t0 = time.time()
     metrics = {}
     with _Preempted() as pre:
         for s in range(start, tc.steps):
             batch = source.batch(s)
-            tokens += int(np.sum(batch["lens"]))
+            writer.tokens += int(np.sum(batch["lens"]))
             state, metrics = step_fn(state, frozen, t2d, target.params, source.place(batch, mesh))
             bar.update(1)
             done = s + 1
             stop = (pre.hit or tc.max_seconds and time.time() - t0 > tc.max_seconds
                     or tc.stop_after and done >= tc.stop_after)
             if done % tc.log_every == 0 or done == tc.steps or stop:
-                m = {k: float(_local(v)) for k, v in metrics.items()}
-                now = time.time()
-                m["tokens_per_s"] = tokens / max(now - last_t, 1e-9)
-                tokens, last_t = 0, now
-                bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{m['tokens_per_s']:.0f}",
-                                **{k: f"{v:.2f}" for k, v in sorted(m.items())
-                                   if k.startswith("acc")})
-                log(f"step {done} " + " ".join(f"{k}={v:.4f}" for k, v in sorted(m.items())))
-                writer.write(done, m)
+                writer.step(done, metrics, bar)
             if evaluate is not None and eval_every and (done % eval_every == 0
                                                         or done == tc.steps):
-                acc = float(evaluate(Drafter(module, {**host(state.params), **frozen_host})))
-                log(f"step {done} accept={acc:.4f}")
-                writer.write(done, {"accept": acc})
-                last_t = time.time()             # tokens/s counts training time only
+                writer.accept(done, evaluate(Drafter(module, {**host(state.params),
+                                                              **frozen_host})))
             if ckpt is not None:
                 ckpt.save(done, state, source.save_args(), force=bool(stop or done == tc.steps))
             if stop:
@@ -223,10 +219,29 @@ def train(drafter: Drafter, target, data: dict | None, tc: TrainConfig,
 
 
 class _Metrics:
-    def __init__(self, path):
+    """The log, the progress bar's figures and the metrics file (process 0 writes it);
+    ``tokens`` counts the rows' real tokens since the last logged step."""
+
+    def __init__(self, path, log):
         self.path = None if path is None or jax.process_index() else Path(path)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.log, self.tokens, self.since = log, 0, time.time()
+
+    def step(self, done: int, metrics: dict, bar):
+        m = {k: float(_local(v)) for k, v in metrics.items()}
+        now = time.time()
+        m["tokens_per_s"] = self.tokens / max(now - self.since, 1e-9)
+        self.tokens, self.since = 0, now
+        bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{m['tokens_per_s']:.0f}",
+                        **{k: f"{v:.2f}" for k, v in sorted(m.items()) if k.startswith("acc")})
+        self.log(f"step {done} " + " ".join(f"{k}={v:.4f}" for k, v in sorted(m.items())))
+        self.write(done, m)
+
+    def accept(self, done: int, value: float):
+        self.log(f"step {done} accept={float(value):.4f}")
+        self.write(done, {"accept": float(value)})
+        self.since = time.time()                 # tokens/s counts training time only
 
     def write(self, step: int, m: dict):
         if self.path is not None:

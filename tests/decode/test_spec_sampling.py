@@ -118,7 +118,9 @@ def test_draft_model_sampling_matches_enumeration(target, exact, spec):
     assert hist[2:].sum() > 1000, hist
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(3, 4, 8), SpecConfig.chain(3)], ids=["tree", "chain"])
+@pytest.mark.parametrize("spec", [SpecConfig(3, 4, 8),
+                                  pytest.param(SpecConfig.chain(3), marks=pytest.mark.slow)],
+                         ids=["tree", "chain"])
 def test_dflash_sampling_matches_enumeration(target, exact, spec):
     """A block drafter's deterministic per-position drafts (top-k of one parallel forward):
     the output stays distributed exactly as the target's. A random head drafts about its

@@ -65,7 +65,8 @@ def lane_wide_target():
     return Target(cfg, llama.init_params(cfg, jax.random.key(3)))
 
 
-@pytest.mark.parametrize("whole_block", [False, True], ids=["cpu_layout", "tpu_layout"])
+@pytest.mark.parametrize("whole_block", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["cpu_layout", "tpu_layout"])
 def test_generation_with_the_kernel_write_equals_references(lane_wide_target, monkeypatch,
                                                              whole_block):
     """``pallas_interpret`` on a lane-wide model writes KV with the kernel (counted); plain and

@@ -15,7 +15,9 @@ from jspec.train.online import with_target_features
 from jspec.train.sources import sample_batch, token_data
 
 ROOT = Path(__file__).resolve().parents[2] / "checkpoints" / "default"
-KINDS = ["eagle3", "eagle1", "mtp", "medusa", "dflash"]
+# EAGLE-3 (draft vocabulary, TTT) and Medusa in the default run; all five with -m slow.
+KINDS = ["eagle3", "medusa"] + [pytest.param(k, marks=pytest.mark.slow)
+                                for k in ("eagle1", "mtp", "dflash")]
 
 
 @pytest.fixture(scope="module")

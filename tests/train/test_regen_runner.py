@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import jspec
 from jspec.train import regen
@@ -25,6 +26,7 @@ def _regen(out, slots, temperature):
     return regen.load_sequences(out, with_prompt_lens=True)
 
 
+@pytest.mark.slow        # four runner invocations: ~40 s
 def test_regen_through_the_runner(tmp_path):
     import json
     (tmp_path / "p.json").write_text(json.dumps({"train": PROMPTS}))
