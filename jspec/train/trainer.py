@@ -131,6 +131,18 @@ class _Preempted:
             signal.signal(signal.SIGTERM, self.old)
 
 
+def fresh_state(trainable, tc: TrainConfig) -> TrainState:
+    """Step 0's state. fp32 master weights (so fp32 Adam moments) whatever the target's dtype:
+    a bf16 target builds a bf16 drafter, and bf16 updates lose the small steps late in
+    training. A copy, also because the step donates the state and the caller's drafter keeps
+    its arrays."""
+    tx = make_optimizer(tc.lr, tc.warmup, tc.steps, tc.weight_decay, tc.clip)
+    trainable = jax.tree.map(lambda x: jnp.array(
+        x, jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype, copy=True),
+        trainable)
+    return TrainState.create(trainable, tx, jax.random.key_data(jax.random.key(tc.seed)))
+
+
 def _start(drafter: Drafter, target, tc: TrainConfig, mesh):
     """``(target, state, state shardings, frozen, t2d)``: a fresh train state, placed on
     ``mesh`` with the target (None: where they are)."""
@@ -139,10 +151,7 @@ def _start(drafter: Drafter, target, tc: TrainConfig, mesh):
         target = shard_target(target, mesh)
     trainable, frozen = split_params(drafter.params)
     t2d = draft_t2d(drafter.module, frozen, target.config.vocab_size)
-    tx = make_optimizer(tc.lr, tc.warmup, tc.steps, tc.weight_decay, tc.clip)
-    # A copy: the step donates the state, and the caller's drafter keeps its arrays.
-    trainable = jax.tree.map(lambda x: jnp.array(x, copy=True), trainable)
-    state = TrainState.create(trainable, tx, jax.random.key_data(jax.random.key(tc.seed)))
+    state = fresh_state(trainable, tc)
     state_sh = None
     if mesh is not None:
         state_sh = state_shardings(state, mesh, tc.fsdp)
