@@ -8,7 +8,11 @@ from pathlib import Path
 
 
 def plot_training(metrics_path, png_path) -> Path | None:
-    import matplotlib
+    """Write the PNG; None (and nothing written) without matplotlib or metrics."""
+    try:
+        import matplotlib
+    except ImportError:                 # an optional dependency (the test extra has it)
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
