@@ -178,6 +178,9 @@ def train(drafter: Drafter, target, data: dict | None, tc: TrainConfig,
 
     module = drafter.module
     lc = lc or default_loss(module.kind)
+    if source is not None and not tc.online:
+        raise ValueError("a streaming source gives tokens only: train online "
+                         "(TrainConfig(online=True))")
     if source is None:
         if not tc.online and is_online(data):
             raise ValueError("these data hold tokens only (no cached features): train online "
