@@ -48,6 +48,7 @@ def _plan(tmp_path, fsdp: str) -> dict:
     return plan
 
 
+@pytest.mark.slow        # two plan subprocesses: ~30 s
 def test_train_plan_fsdp_splits_the_drafter_state_over_data(tmp_path):
     sharded, repl = _plan(tmp_path, "--fsdp"), _plan(tmp_path, "--no-fsdp")
     data = 2
