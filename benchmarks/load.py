@@ -18,6 +18,7 @@ import sys
 import tempfile
 import textwrap
 
+from jspec.args import parse_mesh
 from jspec.bench import common
 from jspec.bench.registry import Command, run_module
 
@@ -62,7 +63,7 @@ def add_args(s) -> None:
 
 
 def main(args) -> dict:
-    data, model = (int(x) for x in args.mesh.lower().split("x"))
+    data, model = parse_mesh(args.mesh)
     path, tmp = args.checkpoint, None
     if path is None:
         import jax

@@ -50,6 +50,7 @@ from benchmarks.hlo import parse_hlo, pool_key, prefill_loop_body
 from benchmarks.hlo_bytes import kernel_bytes
 
 from jspec import aot
+from jspec.args import parse_mesh
 from jspec.bench import common, configs
 from jspec.bench.registry import Command, run_module
 from jspec.platform import building_for
@@ -59,14 +60,6 @@ from jspec.sampling import SamplingConfig
 from jspec.spec_decode import SpecDecoder, tree_shape
 
 _REEXEC = "JSPEC_PLAN_CHILD"
-
-
-def parse_mesh(text: str) -> tuple[int, int]:
-    try:
-        data, model = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise SystemExit(f"--mesh wants DATAxMODEL (e.g. 2x4), got {text!r}") from None
-    return data, model
 
 
 def _shard_bytes(shape_dtype, sharding) -> int:

@@ -52,7 +52,6 @@ def main(args) -> dict:
     from jspec.train import drafter as D
     from jspec.train import features as F
     from jspec.train import trainer as T
-    from jspec.train.optim import TrainState
     from jspec.train.sources import ArraySource, token_data
 
     target = jspec.load_target(args.target)
@@ -74,10 +73,9 @@ def main(args) -> dict:
     for name, online in (("offline", False), ("online", True)):
         tc = T.TrainConfig(steps=10**6, batch_size=args.batch_size, online=online,
                            topk=meta["topk"])
-        tx, step = T.make_train_step(d.module, target.config, lc, tc)
+        _, step = T.make_train_step(d.module, target.config, lc, tc)
         src = ArraySource(online_data if online else cached, d.module, args.batch_size, 0)
-        state = TrainState.create(jax.tree.map(lambda x: x.copy(), trainable), tx,
-                                  jax.random.key_data(jax.random.key(0)))
+        state = T.fresh_state(trainable, tc)
         state, _, _ = _time_mode(step, state, frozen, t2d, target.params, src, 2, 0)   # compile
         modes[name] = dict(step=step, state=state, src=src, tokens=0, seconds=0.0)
     for r in range(args.rounds):

@@ -13,6 +13,23 @@ def parse_ids(s: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {s!r}")
 
 
+def parse_mesh(text: str) -> tuple[int, int]:
+    """``--mesh DATAxMODEL`` -> ``(data, model)``."""
+    try:
+        data, model = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--mesh wants DATAxMODEL (e.g. 2x4), got {text!r}") from None
+    return data, model
+
+
+def add_process_args(p, distributed_help: str) -> None:
+    """The flags that join a multi-host run (:func:`jspec.distributed.join` reads them)."""
+    p.add_argument("--distributed", action="store_true", help=distributed_help)
+    p.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
+    p.add_argument("--num-processes", type=int)
+    p.add_argument("--process-id", type=int)
+
+
 def add_kernels_arg(p: argparse.ArgumentParser) -> None:
     from jspec.kernels import MODES
     p.add_argument("--kernels", choices=MODES, default="auto",

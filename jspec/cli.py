@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from jspec.args import add_kernels_arg, add_prefill_chunk_arg, load_drafter_arg, parse_ids  # noqa: F401 (re-exported)
+from jspec.args import add_process_args, parse_mesh
 from jspec.shipped import DRAFTER_ORDER
 
 
@@ -52,11 +53,7 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     mh = p.add_argument_group("sharding and multi-host (every process runs the same command)")
     mh.add_argument("--mesh", metavar="DATAxMODEL", help="a device mesh over all processes' "
                     "devices: rows over DATA, tensor parallelism over MODEL")
-    mh.add_argument("--distributed", action="store_true",
-                    help="join a multi-host run, coordinator auto-detected (TPU pods, Slurm)")
-    mh.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
-    mh.add_argument("--num-processes", type=int)
-    mh.add_argument("--process-id", type=int)
+    add_process_args(mh, "join a multi-host run, coordinator auto-detected (TPU pods, Slurm)")
     mh.add_argument("--output", metavar="FILE", help="write every row's tokens as JSON (in a "
                     "multi-host run, process 0 writes all processes' rows)")
 
@@ -96,17 +93,14 @@ def process_share(prompts, mesh):
 def run_generate(args) -> int:
     from jspec import distributed
 
-    multi = args.distributed or args.coordinator is not None
-    if multi:     # before anything starts a backend
-        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    multi = distributed.join(args)
     import jax
 
     import jspec
     mesh = None
     if args.mesh:      # each process reads only the weights its devices hold
         from jspec import sharding
-        data, model = (int(x) for x in args.mesh.lower().split("x"))
-        mesh = sharding.make_mesh(data, model)
+        mesh = sharding.make_mesh(*parse_mesh(args.mesh))
     target = jspec.load_target(args.model, dtype=args.dtype, tokenizer=args.tokenizer, mesh=mesh)
     prompts = args.prompt if args.prompt is not None else args.prompt_ids
     if multi and jax.process_count() > 1:

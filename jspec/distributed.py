@@ -42,6 +42,16 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
              jax.process_count(), jax.local_device_count(), jax.device_count())
 
 
+def join(args) -> bool:
+    """Join the multi-host run the command's flags ask for (``--distributed`` or
+    ``--coordinator``; :func:`jspec.args.add_process_args`), before anything starts a
+    backend. Returns whether they asked for one."""
+    multi = bool(args.distributed or args.coordinator is not None)
+    if multi:
+        initialize(args.coordinator, args.num_processes, args.process_id)
+    return multi
+
+
 def is_multiprocess(mesh) -> bool:
     return mesh is not None and jax.process_count() > 1
 

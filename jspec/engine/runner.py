@@ -50,7 +50,7 @@ OUTPUT_KEYS = ("id", "line", "text", "token_ids", "new_tokens", "mean_accept_len
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from jspec.args import add_kernels_arg, add_prefill_chunk_arg
+    from jspec.args import add_kernels_arg, add_prefill_chunk_arg, add_process_args
     p.add_argument("--model", required=True)
     p.add_argument("--drafter", help="as for generate (a checkpoint, random:KIND, ngram)")
     p.add_argument("--input", required=True, help="requests, JSON lines")
@@ -72,11 +72,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-error", choices=["write", "skip"], default="write")
     p.add_argument("--mesh", metavar="DATAxMODEL", help="not yet served by the engine: run one "
                    "process per host with --distributed")
-    p.add_argument("--distributed", action="store_true", help="join a multi-host run; each "
-                   "process serves its share and writes its own part")
-    p.add_argument("--coordinator", metavar="HOST:PORT")
-    p.add_argument("--num-processes", type=int)
-    p.add_argument("--process-id", type=int)
+    add_process_args(p, "join a multi-host run; each process serves its share and writes its "
+                        "own part")
     p.add_argument("--no-progress", action="store_true")
     add_kernels_arg(p)
     add_prefill_chunk_arg(p)
@@ -217,9 +214,7 @@ def pending(input_path, part: Path, target, args, rank: int, world: int) -> list
 def run(args) -> int:
     from jspec import distributed
 
-    multi = args.distributed or args.coordinator is not None
-    if multi:
-        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    multi = distributed.join(args)
     if args.mesh:
         raise ValueError("the engine does not shard over a mesh yet; run one process per host "
                          "with --distributed (each serves its share on its own devices)")

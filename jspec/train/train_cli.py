@@ -11,6 +11,8 @@ import argparse
 import time
 from pathlib import Path
 
+from jspec.args import add_process_args
+
 
 def _trainable_kinds() -> tuple[str, ...]:
     from jspec.drafters import registry
@@ -22,8 +24,8 @@ def _mesh(a):
     if not a.mesh:
         return None
     from jspec import sharding
-    data, model = (int(x) for x in a.mesh.lower().split("x"))
-    return sharding.make_mesh(data, model)
+    from jspec.args import parse_mesh
+    return sharding.make_mesh(*parse_mesh(a.mesh))
 
 
 def _train_data(a, target):
@@ -110,8 +112,7 @@ def _configs(a, online: bool):
 
 def cmd_train(a):
     from jspec import distributed
-    if a.distributed or a.coordinator is not None:     # before anything starts a backend
-        distributed.initialize(a.coordinator, a.num_processes, a.process_id)
+    distributed.join(a)                  # before anything starts a backend
     import jax
 
     import jspec
@@ -201,8 +202,4 @@ def train_args(s: argparse.ArgumentParser) -> None:
     mh.add_argument("--mesh", metavar="DATAxMODEL", help="rows over DATA, the target over MODEL")
     mh.add_argument("--fsdp", action="store_true",
                     help="shard the drafter's parameters and optimizer state over DATA")
-    mh.add_argument("--distributed", action="store_true",
-                    help="join a multi-host run, coordinator auto-detected (TPU pods, Slurm)")
-    mh.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
-    mh.add_argument("--num-processes", type=int)
-    mh.add_argument("--process-id", type=int)
+    add_process_args(mh, "join a multi-host run, coordinator auto-detected (TPU pods, Slurm)")

@@ -144,12 +144,13 @@ def fresh_state(trainable, tc: TrainConfig) -> TrainState:
 
 
 def _start(drafter: Drafter, target, tc: TrainConfig, mesh):
-    """``(target, state, state shardings, frozen, t2d)``: a fresh train state, placed on
-    ``mesh`` with the target (None: where they are)."""
+    """``(target, state, state shardings, frozen, frozen on the host, t2d)``: a fresh train
+    state, placed on ``mesh`` with the target (None: where they are)."""
     if mesh is not None and not _on_mesh(target.params, mesh):
         from jspec.target import shard_target
         target = shard_target(target, mesh)
     trainable, frozen = split_params(drafter.params)
+    frozen_host = jax.device_get(frozen)
     t2d = draft_t2d(drafter.module, frozen, target.config.vocab_size)
     state = fresh_state(trainable, tc)
     state_sh = None
@@ -159,7 +160,7 @@ def _start(drafter: Drafter, target, tc: TrainConfig, mesh):
         rep = NamedSharding(mesh, P())
         frozen = place(frozen, jax.tree.map(lambda _: rep, frozen))
         t2d = None if t2d is None else place(t2d, rep)
-    return target, state, state_sh, frozen, t2d
+    return target, state, state_sh, frozen, frozen_host, t2d
 
 
 def train(drafter: Drafter, target, data: dict | None, tc: TrainConfig,
@@ -186,8 +187,7 @@ def train(drafter: Drafter, target, data: dict | None, tc: TrainConfig,
             raise ValueError("these data hold tokens only (no cached features): train online "
                              "(TrainConfig(online=True); the CLI does for --seqs / --data)")
         source = ArraySource(data, module, tc.batch_size, tc.seed)
-    target, state, state_sh, frozen, t2d = _start(drafter, target, tc, mesh)
-    frozen_host = jax.device_get(split_params(drafter.params)[1])
+    target, state, state_sh, frozen, frozen_host, t2d = _start(drafter, target, tc, mesh)
     _, step_fn = make_train_step(module, target.config, lc, tc, state_sh, mesh)
     ckpt = Checkpoints(ckpt_dir, tc.ckpt_every, tc.keep) if ckpt_dir is not None else None
     if ckpt is not None and ckpt.latest() is not None:

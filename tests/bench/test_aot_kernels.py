@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.gpu_aot import gpu_python_or_skip
+
 from jspec import aot
 from benchmarks import aot_kernels as ak
 
@@ -99,10 +101,7 @@ def test_tpu_kernels_compile(target):
 @pytest.mark.slow
 @pytest.mark.gpu_aot
 def test_h200_kernels_compile():
-    python = aot.gpu_python()
-    if python is None:
-        pytest.skip(f"no GPU compiler: set {aot.GPU_PYTHON_ENV} to a Python with the gpu-aot "
-                    "extra (docs/accelerators.md)")
+    python = gpu_python_or_skip()
     cells = subset("gpu") + [ak.tree_cell(8, 32, 1, 128, "bfloat16")]
     cells.append(cells.pop(-2))             # the refused cell last
     _check(ak.compile_matrix_in(python, "h200", cells, timeout=900), cells)

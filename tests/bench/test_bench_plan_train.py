@@ -117,22 +117,10 @@ def test_train_plan_compiles_for_a_v5e_slice():
 @pytest.mark.slow
 @pytest.mark.gpu_aot
 def test_train_plan_compiles_for_an_h200(tmp_path):
-    import os
-
-    from jspec import aot
-    python = aot.gpu_python()
-    if python is None:
-        pytest.skip(f"no GPU compiler: set {aot.GPU_PYTHON_ENV} to a Python with the gpu-aot "
-                    "extra (docs/accelerators.md)")
-    out = tmp_path / "plan.json"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_SKIP_CUDA_CONSTRAINTS_CHECK="1")
-    env.pop("JSPEC_STACKED_LAYERS", None)         # the H200's own layout (unrolled layers)
-    r = subprocess.run([python, "-m", "jspec.bench", "plan", "--train", "--topology", "h200",
-                        "--mesh", "1x1", "--config", "tiny", "--dtype", "bfloat16", "--seq-len",
-                        "128", "--draft-vocab", "128", "--json", str(out)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    p = json.loads(out.read_text())
+    from helpers.gpu_aot import h200_bench_json
+    p = h200_bench_json(["plan", "--train", "--topology", "h200", "--mesh", "1x1", "--config",
+                         "tiny", "--dtype", "bfloat16", "--seq-len", "128", "--draft-vocab",
+                         "128"], tmp_path / "plan.json")
     assert p["info"]["chip"] == "NVIDIA H200" and p["info"]["fits"] == "yes", p["info"]
     assert p["xla"]["temporaries (activations)"] > 0 and p["step"]["matmul_flops_weighted"] > 0
     assert p["step"]["flops"] is None or p["step"]["flops"] > 0     # XLA:GPU deviceless: none

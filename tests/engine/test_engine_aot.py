@@ -4,18 +4,11 @@ real chips without them: a v5e 2x4 slice as a (1, 8) mesh with the Mosaic kernel
 H200 with the Triton kernels (``python -m jspec.bench serve-plan``). Marked ``tpu_aot`` /
 ``gpu_aot`` and ``slow``; each skips with the reason when its compiler is absent."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from helpers.gpu_aot import h200_bench_json
 
 from jspec import aot
 from jspec.config import LlamaConfig
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
@@ -45,19 +38,9 @@ def test_engine_programs_compile_for_a_v5e_slice():
 @pytest.mark.slow
 @pytest.mark.gpu_aot
 def test_engine_programs_compile_for_an_h200(tmp_path):
-    python = aot.gpu_python()
-    if python is None:
-        pytest.skip(f"no GPU compiler: set {aot.GPU_PYTHON_ENV} to a Python with the gpu-aot "
-                    "extra (docs/accelerators.md)")
-    out = tmp_path / "plan.json"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_SKIP_CUDA_CONSTRAINTS_CHECK="1")
-    env.pop("JSPEC_STACKED_LAYERS", None)         # the H200's own layout (unrolled layers)
-    r = subprocess.run([python, "-m", "jspec.bench", "serve-plan", "--topology", "h200",
-                        "--config", "100m", "--slots", "8", "--context", "2048", "--prompt",
-                        "1024", "--max-new", "64", "--draft-vocab", "0", "--json", str(out)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    plan = json.loads(out.read_text())
+    plan = h200_bench_json(["serve-plan", "--topology", "h200", "--config", "100m", "--slots",
+                            "8", "--context", "2048", "--prompt", "1024", "--max-new", "64",
+                            "--draft-vocab", "0"], tmp_path / "plan.json")
     rows, pools = plan["programs"], plan["info"]["target_KV_GB_per_chip"]
     assert len(rows) == 4 and all(r["fits"] for r in rows.values()), rows
     # A 1024-token prompt is two 512-token chunks: XLA:GPU unrolls the one-trip chunk scan,
