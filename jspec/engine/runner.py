@@ -211,7 +211,9 @@ def pending(input_path, part: Path, target, args, rank: int, world: int) -> list
     return todo
 
 
-def run(args) -> int:
+def run(args, target=None) -> int:
+    """Serve ``args.input`` (the parsed flags of :func:`add_args`); ``target``: ``args.model``
+    loaded already (by a caller that needed it first), else loaded here."""
     from jspec import distributed
 
     multi = distributed.join(args)
@@ -228,7 +230,7 @@ def run(args) -> int:
     out_path = Path(args.output)
     part = out_path if world == 1 else out_path.with_name(
         f"{out_path.name}.part-{rank}-of-{world}")
-    target = jspec.load_target(args.model)
+    target = target if target is not None else jspec.load_target(args.model)
     drafter = load_drafter_arg(args.drafter, target) if args.drafter else None
     spec = parse_spec(args.spec) if args.spec else None
     todo = pending(args.input, part, target, args, rank, world)

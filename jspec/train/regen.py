@@ -185,10 +185,9 @@ def regenerate_with_runner(target_dir, prompts: Sequence, num_samples: int, out,
     """
     import argparse
     import json
+    import os
 
-    import jax
-
-    from jspec import load_target
+    from jspec import distributed, load_target
     from jspec.engine import runner
 
     if not prompts:
@@ -197,7 +196,17 @@ def regenerate_with_runner(target_dir, prompts: Sequence, num_samples: int, out,
     out.parent.mkdir(parents=True, exist_ok=True)
     requests = out.with_name(out.name + ".requests.jsonl")
     results = out.with_name(out.name + ".results.jsonl")
-    tok = load_target(target_dir).tokenizer
+    p = argparse.ArgumentParser()
+    runner.add_args(p)
+    extra = list(runner_args)[1:] if list(runner_args)[:1] == ["--"] else list(runner_args)
+    args = p.parse_args(["--model", str(target_dir), "--input", str(requests), "--output",
+                         str(results), "--max-new-tokens", str(max_new_tokens),
+                         "--temperature", str(temperature), "--on-error", "write", *extra])
+    distributed.join(args)              # a multi-host run: before anything starts a backend
+    import jax
+
+    target = load_target(target_dir)    # once: the runner serves with it too
+    tok = target.tokenizer
     ids = [tok.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
     lines = [json.dumps({"id": i, "prompt_ids": ids[i % len(ids)], "seed": seed + i})
              for i in range(num_samples)]
@@ -206,14 +215,11 @@ def regenerate_with_runner(target_dir, prompts: Sequence, num_samples: int, out,
         if results.exists():
             raise ValueError(f"{results} holds results for other requests; remove it or "
                              f"choose another --out")
-        requests.write_text(text)
-    p = argparse.ArgumentParser()
-    runner.add_args(p)
-    extra = list(runner_args)[1:] if list(runner_args)[:1] == ["--"] else list(runner_args)
-    args = p.parse_args(["--model", str(target_dir), "--input", str(requests), "--output",
-                         str(results), "--max-new-tokens", str(max_new_tokens),
-                         "--temperature", str(temperature), "--on-error", "write", *extra])
-    runner.run(args)
+        # Every process of a pod writes the same file: whole, by rename, never read half.
+        tmp = requests.with_name(f".{requests.name}.tmp-{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, requests)
+    runner.run(args, target)
     if jax.process_index() != 0:
         return None, None
     done = {}
