@@ -27,15 +27,18 @@ class Checkpoints:
         return self.mgr.latest_step()
 
     def save(self, step: int, state, data=None, force: bool = False) -> bool:
-        """Start saving (returns at once); ``data``: Orbax args of the iterator's position."""
+        """Start saving when ``step`` is a save step (or ``force``) and return at once;
+        ``data()``: Orbax args of the iterator's position, taken only when saving."""
+        if not force and not self.mgr.should_save(step):
+            return False
         if jax.default_backend() == "cpu":
             # On CPU a "host copy" can be a view of the array's buffer, which the next step
             # (donating the state) may overwrite before the background write reads it; a
             # copy of our own costs one state's memory on the one platform it is cheap.
             state = jax.tree.map(lambda x: x.copy(), state)
         items = {"state": ocp.args.StandardSave(state)}
-        if data is not None:
-            items["data"] = data
+        if data is not None and (position := data()) is not None:
+            items["data"] = position
         return self.mgr.save(step, args=ocp.args.Composite(**items), force=force)
 
     def restore(self, template, data=None, step: int | None = None):

@@ -152,7 +152,6 @@ class PipelineSource:
     def __init__(self, path, tokenizer, seq_len: int, batch_size: int, seed: int):
         self.seed = seed
         self.it = iter(make_dataset(path, tokenizer, seq_len, batch_size, seed))
-        self.pos = 0
 
     def batch(self, step: int) -> dict:
         local = {k: np.asarray(v) for k, v in next(self.it).items()}

@@ -218,7 +218,7 @@ def train(drafter: Drafter, target, data: dict | None, tc: TrainConfig,
                 writer.accept(done, evaluate(Drafter(module, {**host(state.params),
                                                               **frozen_host})))
             if ckpt is not None:
-                ckpt.save(done, state, source.save_args(), force=bool(stop or done == tc.steps))
+                ckpt.save(done, state, source.save_args, force=bool(stop or done == tc.steps))
             if stop:
                 why = "SIGTERM" if pre.hit else f"max_seconds={tc.max_seconds}, " \
                                                 f"stop_after={tc.stop_after}"
