@@ -35,6 +35,7 @@ from typing import Callable
 
 import jax
 
+from jspec import atomic
 from jspec.shipped import default_model, shipped_drafters
 from jspec.spec_config import SpecConfig
 from jspec.timing import round_robin, wall_s
@@ -224,10 +225,7 @@ def load_or_calibrate(gen, drafters, drafter_paths, model_path, prompts, n, reca
            "cache": jax.config.jax_compilation_cache_dir}
     rec = calibrate(gen, drafters, prompts, n, ctx)
     rec["wall_s"] = time.perf_counter() - t0
-    f.parent.mkdir(parents=True, exist_ok=True)
-    tmp = f.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(rec, indent=1))
-    os.replace(tmp, f)
+    atomic.write_text(f, json.dumps(rec, indent=1))
     log(f"calibration took {rec['wall_s']:.0f}s")
     return rec
 

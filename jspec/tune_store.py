@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
 
 import jax
 
+from jspec import atomic
 from jspec.spec_config import SpecConfig
 
 log = logging.getLogger("jspec")
@@ -53,11 +53,7 @@ def _update(drafter_dir, section: str, entries: dict) -> Path:
     data = _read(drafter_dir) or {"picks": {}}
     stamp = {"jax": jax.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     data.setdefault(section, {}).update({k: {**v, **stamp} for k, v in entries.items()})
-    fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
-    return path
+    return atomic.write_text(path, json.dumps(data, indent=1))
 
 
 def stored_spec(drafter, batch: int, device: str | None = None) -> SpecConfig | None:

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 
+from jspec import atomic
 from jspec.drafters import registry
 from jspec.drafters.drafter import Drafter
 from jspec.tree.calibration import (FEATURES, PARAM_KEY, VERSION, CalibrationError, model_of,
@@ -71,10 +71,7 @@ def save(drafter_dir, model, meta: dict | None = None) -> Path:
            "weights": np.asarray(model["weights"], np.float64).round(5).tolist(),
            "token_bias": _sparse(model["token_bias"]), "pair_bias": _sparse(model["pair_bias"]),
            "meta": meta or {}}
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, path)
-    return path
+    return atomic.write_text(path, json.dumps(doc))
 
 
 def load(drafter_dir) -> dict | None:

@@ -35,13 +35,13 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import signal
 import sys
-import tempfile
 import time
 import zlib
 from pathlib import Path
+
+from jspec import atomic
 
 log = logging.getLogger("jspec")
 
@@ -311,9 +311,7 @@ def _serve(target, drafter, spec, records, args, write, stop) -> int:
 
 def merge(parts: list[Path], out: Path) -> None:
     """Whole lines of every part, in part order, into ``out`` (a temporary file, renamed)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}-", dir=out.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+    with atomic.atomic_open(out) as f:
         for p in parts:
             read_done(p)                        # drops a cut last line
             f.write(p.read_text(encoding="utf-8"))
-    os.replace(tmp, out)

@@ -39,6 +39,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from jspec import atomic
+
 BOS, EOS = "<s>", "</s>"
 BOS_ID, EOS_ID = 0, 1
 PAD_ID = -1             # padding of --seqs rows (never a target; read as token 0 when an input)
@@ -276,10 +278,7 @@ def _reuse(tok_path: Path, data_path: Path, seq_len: int, source: str, log):
 
 
 def _write(out: Path, tok, train: np.ndarray, held: np.ndarray, info: dict) -> None:
-    tmp = out / f".tokenizer.json.tmp-{os.getpid()}"
-    tok.save(str(tmp))
-    os.replace(tmp, out / "tokenizer.json")
-    tmp = out / f".data.npz.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
+    with atomic.atomic_path(out / "tokenizer.json") as tmp:
+        tok.save(str(tmp))
+    with atomic.atomic_open(out / "data.npz", "wb") as f:
         np.savez(f, train=train, heldout=held, **{f"info_{k}": v for k, v in info.items()})
-    os.replace(tmp, out / "data.npz")

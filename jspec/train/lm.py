@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec import atomic
 from jspec.config import LlamaConfig
 from jspec.llama import init_params
 from jspec.train import data as D
@@ -270,11 +271,7 @@ def write_alias(export_path: str | Path, alias_dir: str | Path) -> Path:
     if info.get("tokenizer"):
         info["tokenizer"] = (rel / info["tokenizer"]).as_posix()
     info["alias_of"] = rel.as_posix()
-    dst.mkdir(parents=True, exist_ok=True)
-    tmp = dst / f".{CONFIG_FILE}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp, dst / CONFIG_FILE)
-    return dst / CONFIG_FILE
+    return atomic.write_text(dst / CONFIG_FILE, json.dumps(meta, indent=1))
 
 
 def parse_args(argv=None) -> TrainConfig:

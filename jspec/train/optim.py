@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import struct
+
+from jspec import atomic
 
 
 def make_schedule(lr: float, warmup: int, total_steps: int, end_factor: float = 0.1):
@@ -93,16 +94,8 @@ def save_train_state(state, path: str | os.PathLike, meta: dict | None = None) -
         else:
             arrays[f"leaf_{i}"] = np.asarray(leaf)
     header = {"names": names, "meta": meta or {}}
-    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, __header__=np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, dst)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic.atomic_open(dst, "wb") as f:
+        np.savez(f, __header__=np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays)
 
 
 def load_train_state(path: str | os.PathLike, template):

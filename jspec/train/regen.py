@@ -17,6 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
+from jspec import atomic
+
 # Story openings for TinyStories-style targets (stories260K). The last HELDOUT are
 # never regenerated for training: acceptance is measured on them.
 STORY_OPENINGS = [
@@ -185,7 +187,6 @@ def regenerate_with_runner(target_dir, prompts: Sequence, num_samples: int, out,
     """
     import argparse
     import json
-    import os
 
     from jspec import distributed, load_target
     from jspec.engine import runner
@@ -216,9 +217,7 @@ def regenerate_with_runner(target_dir, prompts: Sequence, num_samples: int, out,
             raise ValueError(f"{results} holds results for other requests; remove it or "
                              f"choose another --out")
         # Every process of a pod writes the same file: whole, by rename, never read half.
-        tmp = requests.with_name(f".{requests.name}.tmp-{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, requests)
+        atomic.write_text(requests, text)
     runner.run(args, target)
     if jax.process_index() != 0:
         return None, None
@@ -242,16 +241,11 @@ def regenerate_with_runner(target_dir, prompts: Sequence, num_samples: int, out,
 def save_sequences(path, seqs: Sequence[np.ndarray], prompt_lens: Sequence[int] | None = None):
     """One ``.npz`` (flat tokens, offsets, prompt lengths), written to a temporary sibling
     and renamed."""
-    import os
     lens = np.array([len(s) for s in seqs], np.int64)
     offsets = np.concatenate([[0], np.cumsum(lens)])
     pl = np.zeros(len(seqs), np.int32) if prompt_lens is None else np.asarray(prompt_lens, np.int32)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
+    with atomic.atomic_open(path, "wb") as f:
         np.savez(f, tokens=np.concatenate(seqs).astype(np.int32), offsets=offsets, prompt_lens=pl)
-    os.replace(tmp, path)
 
 
 def load_sequences(path, with_prompt_lens: bool = False):

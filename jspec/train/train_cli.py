@@ -94,6 +94,22 @@ def _fresh_drafter(a, target, data, aux_layers):
     return D.build_drafter(a.kind, target.config, target.params, jax.random.key(a.seed), **kw)
 
 
+def _initial_drafter(a, target):
+    """``--init DIR``: fine-tune a saved drafter (its architecture, draft vocabulary and aux
+    layers are the checkpoint's, so the flags that would build a fresh one must not say
+    otherwise)."""
+    from jspec.drafters import load_drafter
+    d = load_drafter(a.init, target.config)
+    if d.module.kind != a.kind:
+        raise SystemExit(f"--init {a.init} is a {d.module.kind} drafter, not --kind {a.kind}")
+    aux = tuple(d.module.target_layers)
+    if a.aux_layers and aux != tuple(int(x) for x in a.aux_layers.split(",")):
+        raise SystemExit(f"--aux-layers {a.aux_layers} differs from --init's {aux}")
+    if a.draft_vocab:
+        raise SystemExit("--draft-vocab builds a fresh head; --init keeps the checkpoint's")
+    return d
+
+
 def _configs(a, online: bool):
     from jspec.train import drafter as D
     from jspec.train import trainer as T
@@ -124,7 +140,7 @@ def cmd_train(a):
     data, source, aux_layers, online = _train_data(a, target)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    d = _fresh_drafter(a, target, data, aux_layers)
+    d = _initial_drafter(a, target) if a.init else _fresh_drafter(a, target, data, aux_layers)
     tc, lc = _configs(a, online)
     main = jax.process_index() == 0
     log_f = open(out / "train.log", "a") if main else None
@@ -165,6 +181,8 @@ def train_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--topk", type=int, default=16, help="online: the target's top-k labels")
     s.add_argument("--seq-len", type=int, default=0, help="online: pad / cut sequences to this (--data: default 512)")
     s.add_argument("--kind", required=True, choices=_trainable_kinds())
+    s.add_argument("--init", default="", metavar="DRAFTER_DIR",
+                   help="start from this saved drafter (fine-tune) instead of a fresh one")
     s.add_argument("--out", required=True)
     s.add_argument("--steps", type=int, default=1500)
     s.add_argument("--batch-size", type=int, default=16, help="global: over all data shards")

@@ -147,3 +147,25 @@ def test_trained_params_load_and_decode_exactly(trained, target, tmp_path, kind)
     spec = SpecConfig(3, 2, 5) if kind == "eagle3" else None
     res = jspec.generate(target, prompts, max_new_tokens=12, stop_ids=[], drafter=loaded, spec=spec)
     assert res.tokens == plain.tokens
+
+
+def test_init_fine_tunes_a_saved_head_and_refuses_flags_that_would_rebuild_it(target, tmp_path):
+    """``train --init DIR`` starts from the saved drafter's parameters (its architecture, aux
+    layers and draft vocabulary); a different kind, aux layers or a fresh --draft-vocab is
+    refused before anything trains."""
+    import argparse
+
+    from jspec.train.train_cli import _initial_drafter
+    d = D.build_drafter("eagle3", CFG, target.params, jax.random.key(3), draft_vocab=32,
+                        freqs=np.arange(CFG.vocab_size, dtype=np.int64))
+    save_drafter(d, tmp_path / "head")
+    a = argparse.Namespace(init=str(tmp_path / "head"), kind="eagle3", aux_layers="",
+                           draft_vocab=0)
+    got = _initial_drafter(a, target)
+    for x, y in zip(jax.tree.leaves(got.params), jax.tree.leaves(d.params)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    for bad, msg in ((dict(kind="mtp"), "is a eagle3 drafter"),
+                     (dict(aux_layers="0,1,2"), "differs from --init"),
+                     (dict(draft_vocab=16), "--init keeps")):
+        with pytest.raises(SystemExit, match=msg):
+            _initial_drafter(argparse.Namespace(**{**vars(a), **bad}), target)
