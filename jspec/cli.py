@@ -215,6 +215,9 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--drafter", default=None, choices=DRAFTER_ORDER,
                    help="calibrate this shipped drafter only (default: all of them)")
+    p.add_argument("--extra-drafter", action="append", default=[], metavar="NAME=DIR",
+                   help="also calibrate the drafter saved in DIR under NAME (repeatable): "
+                   "e.g. your own head beside the shipped one, before and after in one run")
     p.add_argument("--recalibrate", action="store_true",
                    help="measure the drafter/tree pick again instead of reading the stored one")
     p.add_argument("--repeats", type=int, default=3,
@@ -231,7 +234,8 @@ def run_demo(args) -> int:
         raise ValueError("--max-new-tokens and --repeats must be >= 1")
     return demo.run(args.model, args.prompt, args.max_new_tokens, recalibrate=args.recalibrate,
                     repeats=args.repeats, drafter_kind=args.drafter, kernels=args.kernels,
-                    compile_cache=args.compile_cache)
+                    compile_cache=args.compile_cache,
+                    extra_drafters=demo.parse_extra(args.extra_drafter))
 
 
 def add_tune_args(p: argparse.ArgumentParser) -> None:

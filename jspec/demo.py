@@ -48,7 +48,7 @@ SHIPPED_PROMPT = "import os\n"
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    kind: str                     # drafter kind
+    kind: str                     # the drafter's name: its kind, or --extra-drafter's NAME
     spec: tuple | None            # (S, K, N); None: the drafter's default (Medusa's static tree)
 
     @property
@@ -262,9 +262,25 @@ def report(show, plain, fast, repeats: int) -> None:
         raise RuntimeError("speculative greedy tokens differ from plain decoding")
 
 
+def parse_extra(items: list[str]) -> dict[str, Path]:
+    """``["NAME=DIR", ...]`` (``--extra-drafter``) as ``{NAME: DIR}``, checked before loading."""
+    out = {}
+    for it in items:
+        name, sep, path = it.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--extra-drafter wants NAME=DIR, got {it!r}")
+        if name in out:
+            raise ValueError(f"--extra-drafter names {name!r} twice")
+        if not (Path(path) / "jspec_drafter.json").is_file():
+            raise FileNotFoundError(f"--extra-drafter {name}: {path} holds no saved drafter "
+                                    f"(jspec_drafter.json)")
+        out[name] = Path(path)
+    return out
+
+
 def run(model: str | None, prompt: str | None, n: int, *, recalibrate: bool = False,
         repeats: int = 3, drafter_kind: str | None = None, kernels: str = "auto",
-        compile_cache: bool = True) -> int:
+        compile_cache: bool = True, extra_drafters: dict[str, Path] | None = None) -> int:
     import functools
 
     import jspec
@@ -287,6 +303,11 @@ def run(model: str | None, prompt: str | None, n: int, *, recalibrate: bool = Fa
             raise FileNotFoundError(f"no shipped {drafter_kind} drafter beside {path} "
                                     f"(have: {', '.join(paths) or 'none'})")
         paths = {drafter_kind: paths[drafter_kind]}
+    root = next(iter(paths.values())).parent if paths else None
+    for name, p in (extra_drafters or {}).items():
+        if name in paths:
+            raise ValueError(f"--extra-drafter {name}: the name of a shipped drafter; pick another")
+        paths[name] = p
     if prompt is None:
         prompt = SHIPPED_PROMPT if paths else "Once upon a time"
     show = lambda res: prompt + (res.text[0] if res.text else " ".join(map(str, res.tokens[0])))
@@ -298,8 +319,8 @@ def run(model: str | None, prompt: str | None, n: int, *, recalibrate: bool = Fa
         print("note: no drafters are shipped beside this model, so no speculative decoding")
         return 0
     drafters = {k: load_drafter(p, cfg) for k, p in paths.items()}
-    root = next(iter(paths.values())).parent
-    rec = load_or_calibrate(gen, drafters, paths, path, calibration_prompts(root, prompt), n,
+    rec = load_or_calibrate(gen, drafters, paths, path,
+                            calibration_prompts(root or path.parent, prompt), n,
                             recalibrate, kernels)
     print_calibration(rec)
     pick = Candidate.from_dict(rec["pick"])

@@ -75,12 +75,15 @@ def _demo(cache, *args):
 
 
 def test_demo_calibrates_once_and_runs_speculative(tmp_path):
-    text, err = _demo(tmp_path)
+    # --extra-drafter: a head of the user's (here the shipped one again) timed beside it
+    extra = ("--extra-drafter", f"mine={ROOT / 'checkpoints/default/drafters/eagle3'}")
+    text, err = _demo(tmp_path, *extra)
     # Round 1 (a 4-step chain) and round 2 (its neighbours, the default tree) were timed.
-    assert "eagle3 chain(4)" in text and "eagle3 chain(3)" in text
-    assert "eagle3 tree(5,4,8)" in text
+    assert "mine chain(4)" in text
+    assert "eagle3 chain(4)" in text and "chain(3)" in text
+    assert "tree(5,4,8)" in text                      # round 2 around the faster of the two
     assert "compiling ..." in err                     # the progress lines
-    assert "picked: eagle3" in text and "import os" in text
+    assert ("picked: eagle3" in text or "picked: mine" in text) and "import os" in text
     for line in ("mean accept length:", "plain decoding:", "speculative decoding:", "speedup:"):
         assert line in text
     assert "tokens identical to plain decoding: yes" in text
@@ -90,10 +93,20 @@ def test_demo_calibrates_once_and_runs_speculative(tmp_path):
     assert stored["candidates"][0]["tokens_per_s"] == max(
         r["tokens_per_s"] for r in stored["candidates"])
     # The second run reads the stored pick instead of calibrating again.
-    text2, err2 = _demo(tmp_path)
+    text2, err2 = _demo(tmp_path, *extra)
     assert "measured earlier on this machine" in text2
     assert f"picked: {text.split('picked: ')[1].splitlines()[0]}" in text2
     assert "tokens identical to plain decoding: yes" in text2
+
+
+def test_extra_drafter_flags_are_checked_before_loading(tmp_path):
+    from jspec import demo
+    head = ROOT / "checkpoints/default/drafters/eagle3"
+    assert demo.parse_extra([f"a={head}"]) == {"a": head}
+    for bad, err in ((["a"], ValueError), ([f"a={head}", f"a={head}"], ValueError),
+                     ([f"a={tmp_path}"], FileNotFoundError)):
+        with pytest.raises(err):
+            demo.parse_extra(bad)
 
 
 def test_second_round_follows_the_accept_histogram():
