@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import kv_cache as kvc
+from jspec.train.packing import is_packed
 from jspec.train.targets import label_mask, soft_ce, soft_targets, train_cache
 
 
@@ -40,6 +41,9 @@ def anchor_view(cache: kvc.PagedKVCache, anchors: jax.Array) -> kvc.PagedKVCache
 
 
 def dflash_loss(module, params, target_cfg, target_params, batch, lc, t2d=None):
+    if is_packed(batch):
+        raise ValueError("DFlash trains on unpacked rows (its anchors read a context cache "
+                         "over the whole row): pass --no-pack")
     tokens, lens, feats = batch["tokens"], batch["lens"], batch["feats"]
     B, T = tokens.shape
     bs, A = module.block_size, lc.anchors

@@ -42,6 +42,7 @@ from jspec.drafters import Drafter, random_drafter, registry
 from jspec.drafters.base import target_head
 from jspec.drafters.vocab import MAP_KEYS, build_d2t, set_draft_vocab, t2d_for
 from jspec.train.dflash_loss import dflash_loss
+from jspec.train.packing import is_packed, same_segment
 from jspec.train.targets import label_mask, soft_ce, soft_targets, train_cache
 
 
@@ -151,10 +152,14 @@ def recurrent_loss(module, params, target_cfg, target_params, batch, lc: LossCon
     B, T = tokens.shape
     U = lc.unroll
     nxt = _shift_left(tokens)                                   # token i+1 at draft pos i
-    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    i = pos
+    i = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    pos = batch.get("positions", i)                             # RoPE: inside the record
     probs, ids = soft_targets(_shift_left(batch["topk_vals"]), _shift_left(batch["topk_ids"]), t2d)
-    masks = jnp.asarray(ttt_masks(T, U))
+    masks = jnp.broadcast_to(jnp.asarray(ttt_masks(T, U)), (B, U, T, U * T))
+    packed = is_packed(batch)
+    if packed:              # keys of the query's own record: step k's slot k*T + p is p's
+        seg = batch["segments"]
+        masks = masks & (seg[:, :, None] == jnp.tile(seg, (1, U))[:, None, :])[:, None]
     cache = train_cache(module, B, U * T)
     feats = batch["feats"]
     next_hidden = _shift_left(batch["hidden"]) if lc.reg else None
@@ -162,8 +167,10 @@ def recurrent_loss(module, params, target_cfg, target_params, batch, lc: LossCon
     for j in range(U):
         out, logits, cache = module.net_apply(
             params, target_cfg, target_params, nxt, feats, None if j == 0 else j, pos, cache,
-            jnp.broadcast_to(masks[j], (B, T, U * T)), None, j * T)
+            masks[:, j], None, j * T)
         valid = (i >= j) & label_mask(batch, 2)
+        if packed:          # the node's committed prefix (ending at i - j) is its record's
+            valid = valid & same_segment(seg, i - j)
         ce, acc = soft_ce(logits, probs, ids)
         lj = lc.ce * _mean(ce, valid)
         if lc.reg:
@@ -196,18 +203,25 @@ def medusa_loss(module, params, target_cfg, target_params, batch, lc: LossConfig
 @dataclasses.dataclass(frozen=True)
 class LossFamily:
     """How a registry entry's ``loss`` family trains: its loss, the own-head vocabulary it
-    starts with (given the draft vocabulary ``vd``, 0 for none, and the target's ``V``) and
-    the change to random weights it starts from."""
+    starts with (given the draft vocabulary ``vd``, 0 for none, and the target's ``V``), the
+    change to random weights it starts from, and whether its loss reads packed rows
+    (:mod:`jspec.train.packing`)."""
     loss: Callable
     vocab: Callable[[int, int], int] = lambda vd, V: vd
     start: Callable[[Drafter], Drafter] = lambda d: d
+    packs: bool = True
 
 
 FAMILIES = {
     "recurrent": LossFamily(recurrent_loss),
     "medusa": LossFamily(medusa_loss, vocab=lambda vd, V: vd or V, start=_zero_blocks),
-    "dflash": LossFamily(dflash_loss, vocab=lambda vd, V: 0),
+    "dflash": LossFamily(dflash_loss, vocab=lambda vd, V: 0, packs=False),
 }
+
+
+def packs(kind: str) -> bool:
+    """Whether ``kind``'s loss trains on packed rows (the CLI's default for online data)."""
+    return FAMILIES[_entry(kind).loss[0]].packs
 
 
 def drafter_loss(module, params, target_cfg, target_params, batch, lc: LossConfig, t2d=None):

@@ -54,19 +54,26 @@ def pad_sequences(seqs: Sequence[np.ndarray], multiple: int = 16, length: int | 
 
 
 def make_target_pass(cfg, aux_layers: Sequence[int], topk: int, page_size: int = 16):
-    """A jitted ``(params, tokens [B, T]) -> (hidden, aux, topk_vals, topk_ids)`` prefill."""
+    """A jitted ``(params, tokens [B, T], segments=None, positions=None) -> (hidden, aux,
+    topk_vals, topk_ids)`` prefill; with ``segments`` (a packed row,
+    :mod:`jspec.train.packing`) each record attends to itself only, at its own positions."""
+    from jspec.train.packing import segment_mask
     aux_layers = tuple(aux_layers)
     model = Llama(cfg)
 
     @jax.jit
-    def run(params, tokens):
+    def run(params, tokens, segments=None, positions=None):
         B, T = tokens.shape
         pages = kvc.pages_needed(T, page_size)
         table = jnp.arange(B * pages, dtype=jnp.int32).reshape(B, pages)
         cache = kvc.init_cache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, table, B * pages,
                                page_size, cfg.dtype)
         pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        hidden, aux, _ = model.apply({"params": params}, tokens, pos, cache, aux_layers=aux_layers)
+        mask = None
+        if segments is not None:
+            pos, mask = positions, segment_mask(segments)
+        hidden, aux, _ = model.apply({"params": params}, tokens, pos, cache, mask,
+                                     aux_layers=aux_layers)
         logits = model.apply({"params": params}, hidden, method=Llama.logits)
         if topk >= cfg.vocab_size:
             vals = logits

@@ -31,6 +31,8 @@ def with_target_features(module, target_cfg, target_params, batch: dict, topk: i
     hidden state for a drafter that reads none) and the target's ``topk_vals / topk_ids``."""
     aux_layers = tuple(module.target_layers)
     run = _target_pass(target_cfg, aux_layers, topk)
-    hidden, aux, vals, ids = jax.lax.stop_gradient(run(target_params, batch["tokens"]))
+    hidden, aux, vals, ids = jax.lax.stop_gradient(run(target_params, batch["tokens"],
+                                                       batch.get("segments"),
+                                                       batch.get("positions")))
     return {**batch, "hidden": hidden, "feats": aux if aux_layers else hidden,
             "topk_vals": vals, "topk_ids": ids}

@@ -8,10 +8,11 @@ JSONL records, one per line:
   Llama-3 chat template when the tokenizer has its header tokens, else as
   ``"role: content\\n\\n"``, and tokenised turn by turn so the mask is exact.
 
-Each record becomes one row of ``seq_len`` tokens (cut, or padded with ``lens`` and a zero
-mask). Rows are not packed across records: the target's features at a token must be the
-ones it has in its own document, and packing would need per-document attention in the
-target's forward (a record's tokens would otherwise attend to the previous record's).
+A record is cut to ``seq_len`` tokens. By default records are *packed*: grain's first-fit
+packer fills each row of ``seq_len`` with whole records, and the row carries each token's
+record (``segments``) and position in it, so the target's forward and the drafter's losses
+keep records apart (:mod:`jspec.train.packing`). With ``pack=False`` each record is a row of
+its own (padded, with ``lens`` and a zero mask).
 
 The file is read by random access (a line-offset index built once, then ``seek``), so
 nothing but the index is held in memory. Records are split over processes (process ``p``
@@ -96,10 +97,11 @@ def encode_record(record: dict, tokenizer, llama3: bool | None = None):
 
 
 class _Encode:
-    """bytes -> a fixed-length row (or None); a class so grain can pickle it."""
+    """bytes -> a fixed-length row, or with ``pad=False`` the record's ``tokens /
+    loss_mask`` cut to ``seq_len`` (or None); a class so grain can pickle it."""
 
-    def __init__(self, tokenizer, seq_len: int):
-        self.tokenizer, self.seq_len = tokenizer, seq_len
+    def __init__(self, tokenizer, seq_len: int, pad: bool = True):
+        self.tokenizer, self.seq_len, self.pad = tokenizer, seq_len, pad
 
     def __call__(self, line: bytes):
         try:
@@ -110,6 +112,8 @@ class _Encode:
         if out is None or not out[1].any():
             return None
         ids, mask = out[0][:self.seq_len], out[1][:self.seq_len]
+        if not self.pad:
+            return {"tokens": ids, "loss_mask": mask}
         n = len(ids)
         row = {"tokens": np.zeros(self.seq_len, np.int32), "lens": np.int32(n),
                "loss_mask": np.zeros(self.seq_len, bool)}
@@ -118,8 +122,10 @@ class _Encode:
 
 
 def make_dataset(path, tokenizer, seq_len: int, batch_size: int, seed: int,
-                 process_index: int | None = None, process_count: int | None = None):
-    """The grain ``IterDataset`` of this process's batches (``batch_size``: global)."""
+                 process_index: int | None = None, process_count: int | None = None,
+                 pack: bool = True):
+    """The grain ``IterDataset`` of this process's batches (``batch_size``: global); with
+    ``pack``, rows packed with whole records (first fit over one batch of rows at a time)."""
     pi = jax.process_index() if process_index is None else process_index
     pc = jax.process_count() if process_count is None else process_count
     if batch_size % pc:
@@ -130,9 +136,13 @@ def make_dataset(path, tokenizer, seq_len: int, batch_size: int, seed: int,
     ds = (grain.MapDataset.source(src)[pi::pc]
           .shuffle(seed=seed)
           .repeat(None)
-          .map(_Encode(tokenizer, seq_len))
+          .map(_Encode(tokenizer, seq_len, pad=not pack))
           .filter(lambda r: r is not None))
-    return ds.to_iter_dataset().batch(batch_size // pc, drop_remainder=True)
+    it = ds.to_iter_dataset()
+    if pack:
+        from jspec.train.packing import pack as pack_rows
+        it = pack_rows(it, seq_len, batch_size // pc, seed, ("tokens", "loss_mask"))
+    return it.batch(batch_size // pc, drop_remainder=True)
 
 
 class _Position:
@@ -149,9 +159,10 @@ class _Position:
 class PipelineSource:
     """Batches from :func:`make_dataset`, consumed in step order; its position checkpoints."""
 
-    def __init__(self, path, tokenizer, seq_len: int, batch_size: int, seed: int):
+    def __init__(self, path, tokenizer, seq_len: int, batch_size: int, seed: int,
+                 pack: bool = True):
         self.seed = seed
-        self.it = iter(make_dataset(path, tokenizer, seq_len, batch_size, seed))
+        self.it = iter(make_dataset(path, tokenizer, seq_len, batch_size, seed, pack=pack))
 
     def batch(self, step: int) -> dict:
         local = {k: np.asarray(v) for k, v in next(self.it).items()}

@@ -25,9 +25,15 @@ def feature_key(module) -> str:
     return "aux" if module.target_layers else "hidden"
 
 
-def token_data(seqs, multiple: int = 16, length: int | None = None) -> dict:
-    """Sequences (regenerated or tokenised) -> the ``tokens / lens`` an online run trains on."""
+def token_data(seqs, multiple: int = 16, length: int | None = None,
+               pack: bool = False) -> dict:
+    """Sequences (regenerated or tokenised) -> the ``tokens / lens`` an online run trains on:
+    one per row, or with ``pack`` several per row (:mod:`jspec.train.packing`; rows of
+    ``length``, default the longest sequence's)."""
     tokens, lens = pad_sequences(seqs, multiple, length)
+    if pack:
+        from jspec.train.packing import pack_sequences
+        return pack_sequences(seqs, tokens.shape[1])
     return {"tokens": tokens, "lens": lens}
 
 
@@ -66,8 +72,8 @@ def sample_batch(data: dict, module, step: int, batch_size: int, seed: int,
     pick = np.random.default_rng([seed, step]).choice(n, batch_size, replace=n < batch_size)
     if rows is not None:
         pick = rows[pick]
-    keys = [k for k in ("tokens", "lens", "loss_mask", "topk_vals", "topk_ids", "hidden")
-            if k in data]
+    keys = [k for k in ("tokens", "lens", "loss_mask", "segments", "positions", "topk_vals",
+                        "topk_ids", "hidden") if k in data]
     b = {k: data[k][pick] for k in keys}
     if not is_online(data):
         b["feats"] = data[feature_key(module)][pick]

@@ -40,12 +40,21 @@ def train_cache(module, batch: int, slots: int, page_size: int = 16) -> kvc.Page
 
 def label_mask(batch, at):
     """Whether the token at ``at`` (an int offset from each position ``[B, T]``'s own, or
-    positions ``[B, ...]``) is a label: inside the sequence and, where the batch has a
-    ``loss_mask`` (chat data: the assistant's turns), marked in it."""
+    positions ``[B, ...]``) is a label: inside the sequence, in the same record as the
+    position it is trained at (packed rows: :mod:`jspec.train.packing`; offsets only) and,
+    where the batch has a ``loss_mask`` (chat data: the assistant's turns), marked in it."""
+    from jspec.train.packing import is_packed, same_segment
     lens, T = batch["lens"], batch["tokens"].shape[1]
+    packed_ok = None
     if isinstance(at, int):
         at = jnp.arange(T, dtype=jnp.int32)[None] + at
+        if is_packed(batch):
+            packed_ok = same_segment(batch["segments"], at)
+    elif is_packed(batch):
+        raise ValueError("label_mask over packed rows takes an offset, not positions")
     ok = at < lens.reshape((-1,) + (1,) * (at.ndim - 1))
+    if packed_ok is not None:
+        ok = ok & packed_ok
     if "loss_mask" in batch:
         rows = jnp.arange(at.shape[0]).reshape((-1,) + (1,) * (at.ndim - 1))
         ok = ok & batch["loss_mask"][rows, jnp.clip(at, 0, T - 1)].astype(bool)

@@ -37,18 +37,26 @@ def _train_data(a, target):
     if sum(map(bool, (a.features, a.seqs, a.data))) != 1:
         raise SystemExit("give one of --features FEATDIR (offline), --seqs SEQS.npz or "
                          "--data FILE.jsonl (online)")
+    from jspec.train.drafter import packs
+    if a.pack and not packs(a.kind):
+        raise SystemExit(f"a {a.kind} drafter trains on unpacked rows: drop --pack")
+    if a.pack and a.features:
+        raise SystemExit("--pack applies to online data (--seqs, --data), not --features")
+    pack = packs(a.kind) if a.pack is None else a.pack
     if a.features:
         data = F.load_features(a.features)
         return data, None, tuple(data["meta"]["aux_layers"]), False
     aux = (tuple(int(x) for x in a.aux_layers.split(",")) if a.aux_layers
            else F.aux_layers_for(target.config.num_layers))
     if a.seqs:
-        return token_data(regen.load_sequences(a.seqs), length=a.seq_len or None), None, aux, True
+        return (token_data(regen.load_sequences(a.seqs), length=a.seq_len or None,
+                           pack=pack), None, aux, True)
     from jspec.train.pipeline import PipelineSource, sample_tokens
     if target.tokenizer is None:
         raise SystemExit(f"{a.target} has no tokenizer: --data needs one to read text")
     seq_len = a.seq_len or 512
-    source = PipelineSource(a.data, target.tokenizer, seq_len, a.batch_size, a.seed)
+    source = PipelineSource(a.data, target.tokenizer, seq_len, a.batch_size, a.seed,
+                            pack=pack)
     # The draft vocabulary's token counts: the file's first records.
     return sample_tokens(a.data, target.tokenizer, seq_len), source, aux, True
 
@@ -180,6 +188,10 @@ def train_args(s: argparse.ArgumentParser) -> None:
                    "DFlash read (default: as `features`)")
     s.add_argument("--topk", type=int, default=16, help="online: the target's top-k labels")
     s.add_argument("--seq-len", type=int, default=0, help="online: pad / cut sequences to this (--data: default 512)")
+    s.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None,
+                   help="online: whole sequences packed into rows of --seq-len, kept apart by "
+                   "their segments (default: on, except for DFlash, whose loss does not read "
+                   "segments); --no-pack: one sequence per row")
     s.add_argument("--kind", required=True, choices=_trainable_kinds())
     s.add_argument("--init", default="", metavar="DRAFTER_DIR",
                    help="start from this saved drafter (fine-tune) instead of a fresh one")

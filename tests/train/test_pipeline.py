@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from jspec.tokenizer import load_tokenizer
-from jspec.train.pipeline import JsonlSource, PipelineSource, encode_record, make_dataset
+from jspec.train.pipeline import (JsonlSource, PipelineSource, _Encode, encode_record,
+                                  make_dataset)
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "checkpoints" / "default" / "target"
 
@@ -51,10 +52,39 @@ def test_processes_read_disjoint_shares(jsonl, tok):
     assert n == 38                                    # blank line skipped; bad lines kept as records
     seen = []
     for p in range(2):
-        it = iter(make_dataset(jsonl, tok, 16, 4, 0, process_index=p, process_count=2))
+        it = iter(make_dataset(jsonl, tok, 16, 4, 0, process_index=p, process_count=2,
+                               pack=False))
         rows = np.concatenate([next(it)["tokens"] for _ in range(9)])       # one epoch: 18 rows
         seen.append({r.tobytes() for r in rows})
     assert not seen[0] & seen[1] and len(seen[0] | seen[1]) == 36        # the 2 bad records dropped
+
+
+def test_packed_rows_hold_whole_records_of_the_process_share(jsonl, tok):
+    """Packed (the default): each row's segments are whole records, cut to the row, of this
+    process's share, at positions 0, 1, ... with their own loss masks."""
+    src = JsonlSource(jsonl)
+    for p in range(2):
+        share = {}
+        for i in range(p, len(src), 2):
+            enc = _Encode(tok, 32, pad=False)(src[i])
+            if enc is not None:
+                share[enc["tokens"].tobytes()] = enc["loss_mask"]
+        it = iter(make_dataset(jsonl, tok, 32, 4, 0, process_index=p, process_count=2))
+        records = rows = 0
+        for _ in range(6):
+            b = next(it)
+            rows += len(b["tokens"])
+            for tokens, mask, seg, pos, n in zip(b["tokens"], b["loss_mask"], b["segments"],
+                                                 b["positions"], b["lens"]):
+                assert (seg[:n] > 0).all() and (seg[n:] == 0).all()
+                for s in range(1, seg.max() + 1):
+                    at = np.flatnonzero(seg == s)
+                    assert (pos[at] == np.arange(len(at))).all()
+                    key = tokens[at].tobytes()
+                    assert key in share
+                    np.testing.assert_array_equal(mask[at], share[key])
+                    records += 1
+        assert records > 1.5 * rows                     # most rows hold two records: packed
 
 
 def test_chat_mask_covers_assistant_turns_only(tok):
