@@ -33,6 +33,8 @@ import re
 
 import numpy as np
 
+from jspec.llama import LAYER_SCOPE
+
 _HLO_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64",
               "int32": "s32", "int8": "s8", "uint8": "u8", "int64": "s64"}
 NON_KERNEL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
@@ -167,13 +169,31 @@ def count_kernels(text: str, pool_shapes=(), num_layers: int | None = None) -> d
     ``pool_copies``: copies (anywhere, fusions included) with a result in ``pool_shapes``
     (``(hlo element type, dims)`` pairs, see :func:`pool_key`). ``layer_body``: kernels in
     the bodies of while loops that run ``num_layers`` times (a scanned layer stack's body:
-    what one layer costs; 0 for an unrolled stack)."""
+    what one layer costs; 0 for an unrolled stack).
+
+    A layer stack that stops where aux states are read runs as several loops over the same
+    body (:func:`jspec.llama.forward`, the loops named by ``LAYER_SCOPE``): the first loop of
+    each stack (its trips summing to ``num_layers``) is counted as the stack's body, as one
+    loop would be, and the others only for pool copies."""
     comps, entry = parse_hlo(text)
     pools = set(pool_shapes)
     counts = {"kernels": 0, "fusions": 0, "custom_calls": 0, "unfused_dots": 0, "unfused_copies": 0,
               "other_unfused": 0, "while_loops": 0, "pool_copies": 0, "pool_kernels": 0,
               "layer_body": 0}
     seen_control, seen_fused = set(), set()
+    stack_trips = {}                      # computation -> trips of its open layer stack
+
+    def copies_only(name):                # a repeated layer body: its pool copies still count
+        if name in seen_control or name not in comps:
+            return
+        seen_control.add(name)
+        for ins in comps[name]:
+            if ins.opcode in ("copy", "copy-start") and shape_key(ins.shape) in pools:
+                counts["pool_copies"] += 1
+            for c in callees(ins.attrs, CONTROL_ATTRS + ("to_apply",)):
+                copies_only(c)
+            for c in callees(ins.attrs, ("calls",)):
+                fused(c)
 
     def fused(name):                      # read a fusion's computations for pool copies only
         if name in seen_fused or name not in comps:
@@ -198,8 +218,16 @@ def count_kernels(text: str, pool_shapes=(), num_layers: int | None = None) -> d
                                 lambda c: control(c, in_layer))
                 continue
             if op in ("while", "call"):
-                layer_loop = (op == "while" and num_layers is not None
-                              and loop_trips(ins.attrs, comps) == num_layers)
+                trips = loop_trips(ins.attrs, comps) if op == "while" else None
+                layer_loop = num_layers is not None and trips == num_layers
+                if op == "while" and num_layers and trips and f"{LAYER_SCOPE}/" in ins.attrs:
+                    done = stack_trips.get(name, 0)
+                    stack_trips[name] = (done + trips) % num_layers
+                    if done:              # a later loop of a stack already counted
+                        for c in callees(ins.attrs, CONTROL_ATTRS):
+                            copies_only(c)
+                        continue
+                    layer_loop = True
                 for c in callees(ins.attrs, CONTROL_ATTRS + ("to_apply",)):
                     control(c, in_layer or layer_loop)
                 continue

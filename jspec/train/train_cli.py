@@ -107,7 +107,8 @@ def _initial_drafter(a, target):
     layers are the checkpoint's, so the flags that would build a fresh one must not say
     otherwise)."""
     from jspec.drafters import load_drafter
-    d = load_drafter(a.init, target.config)
+    # Not its acceptance calibration: it was fitted to the weights training will change.
+    d = load_drafter(a.init, target.config, calibration=False)
     if d.module.kind != a.kind:
         raise SystemExit(f"--init {a.init} is a {d.module.kind} drafter, not --kind {a.kind}")
     aux = tuple(d.module.target_layers)

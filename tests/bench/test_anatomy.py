@@ -31,11 +31,19 @@ BUDGETS = {
     "plain_step_kernels_per_layer": 38,           # measured 35.5  [47.0]
     # eagle3 (5, 4, 8); measured 144.0 [151.0]; 152.5 at 9968721, whose per-iteration
     # accept-by-position bookkeeping (jspec.position_stats: a bucket search and a scatter-add
-    # into [B, 10, 2]) the issue asked for: loosened to 154 for it.
-    "tree_iteration_kernels_per_layer": 154,
-    "chain_iteration_kernels_per_layer": 148,     # eagle3 (4, 1, 5); measured 140.5  [148.0]
-    "tree_iteration_bytes_x": 4.6,                # measured 4.29  [3.67: the plain step shrank more]
-    "chain_iteration_bytes_x": 3.7,               # measured 3.45  [2.98]
+    # into [B, 10, 2]) the issue asked for: loosened to 154 for it. Loosened again to 166
+    # (measured 164.5; chain 140.5 -> 156.0) when the layer stack began to stop at the aux
+    # layers instead of writing an aux buffer in every layer (jspec.llama.forward): this
+    # config's 2 layers with aux (1, 1, 0) are now two inline layers, both counted, where
+    # one loop body counted once before. At 8B on v5p the same change takes the iteration's
+    # layer body from 15 kernels to 13 and its HBM bytes down 103 MB (the chain).
+    "tree_iteration_kernels_per_layer": 166,
+    "chain_iteration_kernels_per_layer": 158,     # eagle3 (4, 1, 5); measured 156.0 [140.5 before]
+    # XLA's bytes accessed count a loop body once, so the unrolled stack above (both layers
+    # counted) raised them: tree 4.29 -> 5.69, chain 3.45 -> 4.16; the loop-weighted count
+    # (io_MB) fell at the same time, 9.88 -> 9.81 and 6.11 -> 6.07 MB. Loosened for that.
+    "tree_iteration_bytes_x": 5.8,                # measured 5.69  [3.67: the plain step shrank more]
+    "chain_iteration_bytes_x": 4.3,               # measured 4.16  [2.98]
 }
 
 CFG = configs.random_config("tiny")
