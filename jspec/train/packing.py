@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import grain
 import jax.numpy as jnp
 import numpy as np
 
@@ -60,6 +59,7 @@ class _Row:
 def pack_sequences(seqs: Sequence[np.ndarray], seq_len: int, bins: int = 64) -> dict:
     """Sequences held in memory (``--seqs``) packed once into rows of ``seq_len`` (each cut
     to ``seq_len`` first), in order: ``tokens, lens, segments, positions [N, T]``."""
+    import grain        # here, not above: the losses import this module, and need no grain
     recs = [{"tokens": np.asarray(s[:seq_len], np.int32)} for s in seqs if len(s)]
     ds = grain.MapDataset.source(recs).to_iter_dataset()
     rows = list(pack(ds, seq_len, bins, 0, ("tokens",)))
