@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec import kv_cache as kvc
+from jspec.train.packing import is_packed, same_segment
 
 
 def soft_targets(vals, ids, t2d=None):
@@ -43,7 +44,6 @@ def label_mask(batch, at):
     positions ``[B, ...]``) is a label: inside the sequence, in the same record as the
     position it is trained at (packed rows: :mod:`jspec.train.packing`; offsets only) and,
     where the batch has a ``loss_mask`` (chat data: the assistant's turns), marked in it."""
-    from jspec.train.packing import is_packed, same_segment
     lens, T = batch["lens"], batch["tokens"].shape[1]
     packed_ok = None
     if isinstance(at, int):
