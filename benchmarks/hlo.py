@@ -33,7 +33,7 @@ import re
 
 import numpy as np
 
-from jspec.llama import LAYER_SCOPE
+from jspec.llama import LAYER_SCOPE, LAYER_SCOPE_REST
 
 _HLO_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64",
               "int32": "s32", "int8": "s8", "uint8": "u8", "int64": "s64"}
@@ -172,16 +172,15 @@ def count_kernels(text: str, pool_shapes=(), num_layers: int | None = None) -> d
     what one layer costs; 0 for an unrolled stack).
 
     A layer stack that stops where aux states are read runs as several loops over the same
-    body (:func:`jspec.llama.forward`, the loops named by ``LAYER_SCOPE``): the first loop of
-    each stack (its trips summing to ``num_layers``) is counted as the stack's body, as one
-    loop would be, and the others only for pool copies."""
+    body (:func:`jspec.llama.forward`): its first loop (named ``LAYER_SCOPE``) counts as the
+    stack's layer body, as one loop would, and the later ones (``LAYER_SCOPE_REST``) only
+    for pool copies."""
     comps, entry = parse_hlo(text)
     pools = set(pool_shapes)
     counts = {"kernels": 0, "fusions": 0, "custom_calls": 0, "unfused_dots": 0, "unfused_copies": 0,
               "other_unfused": 0, "while_loops": 0, "pool_copies": 0, "pool_kernels": 0,
               "layer_body": 0}
     seen_control, seen_fused = set(), set()
-    stack_trips = {}                      # computation -> trips of its open layer stack
 
     def copies_only(name):                # a repeated layer body: its pool copies still count
         if name in seen_control or name not in comps:
@@ -218,16 +217,12 @@ def count_kernels(text: str, pool_shapes=(), num_layers: int | None = None) -> d
                                 lambda c: control(c, in_layer))
                 continue
             if op in ("while", "call"):
-                trips = loop_trips(ins.attrs, comps) if op == "while" else None
-                layer_loop = num_layers is not None and trips == num_layers
-                if op == "while" and num_layers and trips and f"{LAYER_SCOPE}/" in ins.attrs:
-                    done = stack_trips.get(name, 0)
-                    stack_trips[name] = (done + trips) % num_layers
-                    if done:              # a later loop of a stack already counted
-                        for c in callees(ins.attrs, CONTROL_ATTRS):
-                            copies_only(c)
-                        continue
-                    layer_loop = True
+                layer_loop = op == "while" and num_layers is not None and (
+                    loop_trips(ins.attrs, comps) == num_layers or f"{LAYER_SCOPE}/" in ins.attrs)
+                if op == "while" and f"{LAYER_SCOPE_REST}/" in ins.attrs:
+                    for c in callees(ins.attrs, CONTROL_ATTRS):   # counted in the first loop
+                        copies_only(c)
+                    continue
                 for c in callees(ins.attrs, CONTROL_ATTRS + ("to_apply",)):
                     control(c, in_layer or layer_loop)
                 continue

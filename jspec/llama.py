@@ -112,8 +112,11 @@ class Shared:
     kernel_write: bool = struct.field(pytree_node=False, default=False)
 
 
-# The name scope of the scanned layer stack's loops (benchmarks.hlo finds them by it).
+# Name scopes of a scanned layer stack's loops: its first loop, and the later ones of a stack
+# that stops at aux layers (benchmarks.hlo counts the first as the stack's layer body).
 LAYER_SCOPE = "layer_stack"
+LAYER_SCOPE_REST = "layer_stack_rest"
+
 
 def _rotates_whole_block() -> bool:
     # TPU/GPU: one rotation over a KV head's whole fused [G + 2] q/k/v block (the value's
@@ -247,17 +250,18 @@ def forward(cfg: LlamaConfig, packed, tokens, positions, cache, block_mask=None,
         # The loop stops before each layer whose input an aux state is: the states are the
         # carry there, and nothing else is written. (One loop filling an [A + 1, B, T, H]
         # buffer wrote it in every layer: 67 MB of an 8B verify's 24 GB on v5p, for three
-        # states of 0.5 MB.) Each stop is one more loop over the same body.
-        # (The scope names the loops in the HLO: benchmarks.hlo counts one layer body per stack.)
-        carry, taken, lo = (x, next_ss(x), cache), {}, 0
-        with jax.named_scope(LAYER_SCOPE):
-            for hi in sorted(set(aux_layers)) + [L]:
-                if hi == lo + 1:          # (libtpu's SPMD partitioner aborts on a 1-trip loop)
-                    carry = body(jnp.int32(lo), carry)
-                elif hi > lo:             # counted from 0, so its trip count shows in the HLO
+        # states of 0.5 MB.) Each stop is one more loop over the same body; the scopes name
+        # the loops in the HLO (benchmarks.hlo counts the first as the layer body).
+        carry, taken, lo, scope = (x, next_ss(x), cache), {}, 0, LAYER_SCOPE
+        for hi in sorted(set(aux_layers)) + [L]:
+            if hi == lo + 1:              # (libtpu's SPMD partitioner aborts on a 1-trip loop)
+                carry = body(jnp.int32(lo), carry)
+            elif hi > lo:                 # counted from 0, so its trip count shows in the HLO
+                with jax.named_scope(scope):
                     carry = jax.lax.fori_loop(0, hi - lo, lambda k, c, lo=lo: body(lo + k, c),
                                               carry)
-                taken[hi], lo = carry[0], hi
+                scope = LAYER_SCOPE_REST
+            taken[hi], lo = carry[0], hi
         x, _, cache = carry
         aux = tuple(taken[i] for i in aux_layers)
     return rms_norm(x, packed["norm"], c.rms_norm_eps), aux, cache
