@@ -69,10 +69,12 @@ def test_train_plan_fsdp_splits_the_drafter_state_over_data(tmp_path):
         assert abs(p["xla"]["arguments"] - shards) < 0.01 * shards, (p["xla"], shards)
         assert p["xla"]["temporaries (activations)"] > 0
         # The HLO's matmuls, each loop body once, are most of XLA's own count (which adds
-        # the elementwise work), and the scanned target layers count L = 2 times weighted.
+        # the elementwise work). Weighting by loop trips cannot lower it; tiny's 2 layers
+        # with aux layers (1, 1, 0) run inline (jspec.llama.forward), so there is no layer
+        # loop to weight here: the v5e test below checks the weighting on 16 layers.
         st = p["step"]
         assert 0.5 * st["flops"] < st["matmul_flops_once"] <= st["flops"], st
-        assert st["matmul_flops_weighted"] > st["matmul_flops_once"], st
+        assert st["matmul_flops_weighted"] >= st["matmul_flops_once"], st
         assert p["step"]["tokens"] == 4 * 32
     for what in ("eagle3 params", "optimizer state"):
         s, r = sharded["mem"][what], repl["mem"][what]
@@ -89,9 +91,11 @@ def test_train_plan_fsdp_splits_the_drafter_state_over_data(tmp_path):
 @pytest.mark.slow
 @pytest.mark.tpu_aot
 def test_train_plan_compiles_for_a_v5e_slice():
-    """The tiny target's EAGLE-3 step on a v5e 2x2 as a (2, 2) mesh, FSDP on: it fits a
-    16 GiB chip, the chip's memory analysis holds the shardings' arguments, and the matmul
-    flops read from XLA:TPU's HLO (convolutions there) agree with its cost analysis."""
+    """The tiny target (16 layers here: aux layers (2, 8, 13) leave loops of 2-6 layers; with
+    4 layers the compiled step weighted its matmuls no more than once, no loop left) with an
+    EAGLE-3 step on a v5e 2x2 as a (2, 2) mesh, FSDP on: it fits a 16 GiB chip, the chip's
+    memory analysis holds the shardings' arguments, and the matmul flops read from XLA:TPU's
+    HLO (convolutions there) agree with its cost analysis."""
     from jspec import aot
     why = aot.missing("v5e")
     if why:
@@ -102,8 +106,8 @@ def test_train_plan_compiles_for_a_v5e_slice():
     from jspec.sharding import make_mesh
     mesh = make_mesh(2, 2, aot.topology_devices("tpu", "v5e:2x2"))
     with building_for("tpu"):
-        p = train_plan(configs.random_config("tiny", "bfloat16"), "eagle3", mesh, seq_len=128,
-                       draft_vocab=128).as_dict()
+        p = train_plan(configs.random_config("tiny", "bfloat16").replace(num_layers=16), "eagle3",
+                       mesh, seq_len=128, draft_vocab=128).as_dict()
     assert p["info"]["fits"] == "yes" and p["info"]["fsdp"], p["info"]
     assert p["info"]["chip"] == "TPU v5 lite"
     # XLA:TPU pads the tiny arrays to its (8, 128) tiles: at least the shards' bytes.
@@ -111,7 +115,7 @@ def test_train_plan_compiles_for_a_v5e_slice():
     assert shards <= p["xla"]["arguments"] < 4 * shards, (p["xla"], shards)
     st = p["step"]
     assert 0.5 * st["flops"] < st["matmul_flops_once"] <= st["flops"], st
-    assert st["matmul_flops_weighted"] > st["matmul_flops_once"], st     # the layer scan
+    assert st["matmul_flops_weighted"] > st["matmul_flops_once"], st     # the layer loop
 
 
 @pytest.mark.slow
