@@ -182,26 +182,14 @@ def count_kernels(text: str, pool_shapes=(), num_layers: int | None = None) -> d
               "layer_body": 0}
     seen_control, seen_fused = set(), set()
 
-    def copies_only(name):                # a repeated layer body: its pool copies still count
-        if name in seen_control or name not in comps:
-            return
-        seen_control.add(name)
-        for ins in comps[name]:
-            if ins.opcode in ("copy", "copy-start") and shape_key(ins.shape) in pools:
-                counts["pool_copies"] += 1
-            for c in callees(ins.attrs, CONTROL_ATTRS + ("to_apply",)):
-                copies_only(c)
-            for c in callees(ins.attrs, ("calls",)):
-                fused(c)
-
-    def fused(name):                      # read a fusion's computations for pool copies only
-        if name in seen_fused or name not in comps:
-            return
+    def fused(name):                      # for pool copies only: a fusion's computations,
+        if name in seen_fused or name not in comps:     # or a repeated layer body and all
+            return                                      # it calls
         seen_fused.add(name)
         for ins in comps[name]:
             if ins.opcode in ("copy", "copy-start") and shape_key(ins.shape) in pools:
                 counts["pool_copies"] += 1
-            for c in callees(ins.attrs, ("calls",)):
+            for c in callees(ins.attrs, ("calls",) + CONTROL_ATTRS + ("to_apply",)):
                 fused(c)
 
     def control(name, in_layer=False):
@@ -221,7 +209,7 @@ def count_kernels(text: str, pool_shapes=(), num_layers: int | None = None) -> d
                     loop_trips(ins.attrs, comps) == num_layers or f"{LAYER_SCOPE}/" in ins.attrs)
                 if op == "while" and f"{LAYER_SCOPE_REST}/" in ins.attrs:
                     for c in callees(ins.attrs, CONTROL_ATTRS):   # counted in the first loop
-                        copies_only(c)
+                        fused(c)
                     continue
                 for c in callees(ins.attrs, CONTROL_ATTRS + ("to_apply",)):
                     control(c, in_layer or layer_loop)

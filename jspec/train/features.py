@@ -43,10 +43,15 @@ def aux_layers_for(num_layers: int) -> tuple[int, int, int]:
     return (1, num_layers // 2, num_layers - 1)
 
 
+def row_length(lens, multiple: int = 16, length: int | None = None) -> int:
+    """``length``, else the longest of ``lens`` rounded up to a multiple of ``multiple``."""
+    return length or int(math.ceil(max(lens) / multiple) * multiple)
+
+
 def pad_sequences(seqs: Sequence[np.ndarray], multiple: int = 16, length: int | None = None):
-    """``(tokens [N, T] int32 (0 padded), lens [N])`` with T a multiple of ``multiple``."""
+    """``(tokens [N, T] int32 (0 padded), lens [N])`` with T :func:`row_length`."""
     lens = np.array([len(s) for s in seqs], np.int32)
-    T = length or int(math.ceil(lens.max() / multiple) * multiple)
+    T = row_length(lens, multiple, length)
     out = np.zeros((len(seqs), T), np.int32)
     for i, s in enumerate(seqs):
         out[i, :len(s)] = s[:T]

@@ -22,16 +22,16 @@ def plot_training(metrics_path, png_path) -> Path | None:
     rows = read_metrics(metrics_path)
     if not rows:
         return None
-    steps = [r["step"] for r in rows if "loss" in r]
+    logged = [r for r in rows if "loss" in r]          # training steps (not eval-only records)
+    steps = [r["step"] for r in logged]
     accs = sorted({k for r in rows for k in r if k.startswith("acc") and k[3:].isdigit()},
                   key=lambda k: int(k[3:]))
     accept = [(r["step"], r["accept"]) for r in rows if "accept" in r]
     fig, axes = plt.subplots(1, 3 if accept else 2, figsize=(13 if accept else 9, 3.6))
-    losses = [(r["step"], r["loss"]) for r in rows if "loss" in r]
-    axes[0].plot(*zip(*losses))
+    axes[0].plot(steps, [r["loss"] for r in logged])
     axes[0].set(xlabel="step", ylabel="loss", yscale="log", title="training loss")
     for k in accs:
-        axes[1].plot(steps, [r.get(k, float("nan")) for r in rows if "loss" in r], label=k)
+        axes[1].plot(steps, [r.get(k, float("nan")) for r in logged], label=k)
     axes[1].set(xlabel="step", ylabel="top-1 agreement", title="agreement by draft step")
     axes[1].legend(fontsize=7)
     if accept:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.train.features import pad_sequences
+from jspec.train.features import pad_sequences, row_length
 from jspec.train.placement import batch_shardings, place
 
 FEATURE_KEYS = ("hidden", "aux", "topk_vals", "topk_ids")
@@ -30,10 +30,10 @@ def token_data(seqs, multiple: int = 16, length: int | None = None,
     """Sequences (regenerated or tokenised) -> the ``tokens / lens`` an online run trains on:
     one per row, or with ``pack`` several per row (:mod:`jspec.train.packing`; rows of
     ``length``, default the longest sequence's)."""
-    tokens, lens = pad_sequences(seqs, multiple, length)
     if pack:
         from jspec.train.packing import pack_sequences
-        return pack_sequences(seqs, tokens.shape[1])
+        return pack_sequences(seqs, row_length([len(s) for s in seqs], multiple, length))
+    tokens, lens = pad_sequences(seqs, multiple, length)
     return {"tokens": tokens, "lens": lens}
 
 
