@@ -40,9 +40,13 @@ def round_robin(calls: Sequence[Callable[[], Any]] | Mapping[Any, Callable[[], A
                 seconds: Callable[[Any, float], float] | None = None):
     """Time zero-argument ``calls`` (a sequence, or a mapping name -> call): ``warmup`` rounds
     untimed (the first call of each counts as ``first``), then ``repeats`` (at least 1) timed
-    rounds. ``seconds(result, elapsed)`` says what a call took when it times itself (a
-    ``generate`` result's ``wall_s``); by default the wall time until every array it returned
-    is ready. Returns a :class:`Timing` per call, in a list or a dict like ``calls``."""
+    rounds. Each round starts one call later than the one before (for three calls: abc, bca,
+    cab, ...), so no call always runs right after the same other one: a call that leaves the
+    caches cold or the allocator busy would otherwise slow one fixed neighbour in every
+    round. ``seconds(result, elapsed)`` says what a call
+    took when it times itself (a ``generate`` result's ``wall_s``); by default the wall time
+    until every array it returned is ready. Returns a :class:`Timing` per call, in a list or
+    a dict like ``calls``."""
     named = isinstance(calls, Mapping)
     keys = list(calls) if named else list(range(len(calls)))
     fns = [calls[k] for k in keys]
@@ -57,8 +61,10 @@ def round_robin(calls: Sequence[Callable[[], Any]] | Mapping[Any, Callable[[], A
     for fn in fns:
         first, res = run(fn)
         out.append(Timing(first, [], res))
+    n = len(fns)
     for r in range(max(0, warmup - 1) + max(1, repeats)):
-        for t, fn in zip(out, fns):
+        for i in range(n):
+            t, fn = out[(r + i) % n], fns[(r + i) % n]
             dt, t.result = run(fn)
             if r >= warmup - 1:
                 t.times.append(dt)

@@ -47,7 +47,7 @@ def add_args(s) -> None:
     s.add_argument("--sweep", type=int, nargs="*", default=None, metavar="B",
                    help="also: tokens/s with B full slots (e.g. 1 4 8 16 32)")
     s.add_argument("--sweep-new", type=int, default=64)
-    s.add_argument("--sweep-repeats", type=int, default=5, help="timed passes per engine, "
+    s.add_argument("--sweep-repeats", type=int, default=7, help="timed passes per engine, "
                    "in turn: tokens/s from the best pass, ratios the median of the ratios "
                    "within a repeat (with 2 best-of passes, the same engine moved by 10%% "
                    "between sweeps on a 2-core CPU)")
@@ -108,7 +108,7 @@ def engine(target, drafter, work, B, chunk, order="longest", **kw):
 
 
 def sweep(target, drafter, prompts, slot_counts, new, chunk, fixed, cap,
-          repeats=5) -> list[dict]:
+          repeats=7) -> list[dict]:
     """Tokens/s with every slot full (no stop ids: each request runs ``new`` tokens), plain,
     the fixed spec and the stored pick, each engine a pass in turn (``repeats`` passes of
     at least two rounds, :func:`jspec.engine.tuning.full_rounds`); engines sized for ``cap``

@@ -61,6 +61,7 @@ class DraftModelNet(nn.Module):
 class DraftModel(RecurrentDrafter):
     """``layer`` is the draft model's whole config (all its layers)."""
     kind = "model"
+    prefill_is_extend = False       # its prefill feeds the prompt's first token too
 
     @property
     def cache_layers(self) -> int:

@@ -34,6 +34,7 @@ class Oracle(DraftModuleDefaults):
     miss_rate: float = 0.0      # probability that each planted token is replaced by a decoy
     kind = "oracle"
     per_row_params = True       # params["future"] has one row per batch row
+    prefill_is_extend = False   # extend folds its key
 
     def validate(self, target_cfg, params=None):
         pass

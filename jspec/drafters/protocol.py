@@ -77,6 +77,11 @@ class DraftModuleDefaults:
     # such a drafter serves one static batch, not the engine's slots.
     per_row_params: ClassVar[bool] = False
 
+    # A fresh state fed ``extend`` from position 0 ends where ``prefill`` of the same pairs
+    # does, so a drafter whose prefill was skipped can be caught up later by extends alone
+    # (the serving engine's lazy insert, :meth:`jspec.engine.programs.Programs.sync`).
+    prefill_is_extend: ClassVar[bool] = True
+
     def check_spec(self, spec: SpecConfig | None) -> None:
         if spec is None:
             raise ValueError(f"a {self.kind} drafter needs tree knobs (a SpecConfig)")

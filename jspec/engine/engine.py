@@ -8,7 +8,9 @@ The host loop, between compiled calls:
 
 1. admit: while a slot is free and the page budget holds the next request's whole need
    (prompt, its ``max_new_tokens`` and the speculative overshoot), give it pages and prefill
-   it into the slot (:meth:`Programs.insert`); requests are admitted in order;
+   it into the slot (:meth:`Programs.insert`); requests are admitted in order. A short
+   prompt joining an occupancy that decodes plain skips the drafter's prefill (a lazy
+   insert: its drafter is caught up from nothing if it ever speculates);
 2. decode: run up to ``chunk`` iterations on the live slots, gathered into the smallest
    bucket (1, 2, 4, ..., slots) that holds them, with the spec the policy gives that bucket
    (:mod:`jspec.engine.policy`; plain decoding included). Plain chunks leave a drafter
@@ -16,8 +18,8 @@ The host loop, between compiled calls:
    drafter caught up (:meth:`Programs.sync`);
 3. read back lengths and tokens, emit deltas, free the pages of finished rows.
 
-The programs are compiled once per prompt bucket (insert), per (spec, bucket) (decode) and
-per bucket (sync), so a stream of any length and mix compiles a small fixed set. Output
+The programs are compiled once per prompt bucket (insert; twice for the short buckets
+when lazy inserts can happen), per (spec, bucket) (decode) and per bucket (sync), so a stream of any length and mix compiles a small fixed set. Output
 never depends on the neighbours: a request's greedy tokens equal ``generate`` of it alone,
 and its samples depend only on its own key (position-keyed sampling; see
 :mod:`jspec.engine.programs`).
@@ -141,6 +143,7 @@ class Engine:
         self.state = None
         self.chunk_log: list[tuple[int, int, str]] = []   # (live, bucket, mode) per decode call
         self.syncs = 0                  # drafter catch-ups run (Programs.sync)
+        self.lazy_inserts = 0           # inserts without the drafter's prefill (_lazy)
         self._behind: set[int] = set()  # slots whose drafter plain chunks left behind
 
     def _resolve_policy(self, target, drafter, policy, spec):
@@ -216,7 +219,19 @@ class Engine:
             with self._on_mesh():
                 self.state = self.programs.init(self.target.serving_params, self._dparams)
 
-    def _insert(self, slot: int, live: _Live):
+    def _lazy(self, n_tokens: int, live_slots: int) -> bool:
+        """Insert without the drafter's prefill (:meth:`Programs.insert` ``lazy``): the
+        drafter can be caught up from nothing, the prompt fits one catch-up block, and the
+        occupancy the row joins decodes plain. Skipping it takes the drafter's cost off
+        every insert at high occupancy, where the pick is plain and rows mostly finish plain;
+        a row that speculates later pays one more block in its catch-up."""
+        if not self.programs.lazy_drafter:
+            return False
+        T = next(b for b in self.prompt_buckets if b >= n_tokens)
+        bucket = next(b for b in self.buckets if b >= live_slots)
+        return T <= self.programs.sync_block and self.policy[bucket] == PLAIN
+
+    def _insert(self, slot: int, live: _Live, lazy: bool = False):
         ids = live.ids
         T = next(b for b in self.prompt_buckets if b >= len(ids))
         prompt = np.zeros((1, T), np.int32)
@@ -224,13 +239,14 @@ class Engine:
         table = np.full((1, self.pages.max_pages), self.pages.num_pages, np.int32)
         table[0, :len(live.pages)] = live.pages
         stops = stop_table(self.target, live.req.stop_ids, 1, self.programs.stop_width)
-        self._behind.discard(slot)
+        (self._behind.add if lazy else self._behind.discard)(slot)
+        self.lazy_inserts += lazy
         with self._on_mesh():
             self.state = self.programs.insert(
                 self.target.serving_params, self._dparams, self.state, jnp.int32(slot),
                 jnp.asarray(prompt), jnp.asarray([len(ids)], jnp.int32), jnp.asarray(table),
                 jnp.asarray(stops), jnp.asarray([live.req.max_new_tokens], jnp.int32),
-                self._key(live.req))
+                self._key(live.req), lazy=lazy)
 
     def warm(self, longest_prompt: int | None = None, buckets=None) -> None:
         """Compile every program now: insert for each prompt bucket up to ``longest_prompt``
@@ -240,10 +256,17 @@ class Engine:
         slots (no iteration). Call it between streams, not during one."""
         self._ensure_state()
         top = longest_prompt or self.prompt_buckets[-1]
+        lazy = [False]
+        if any(self._lazy(1, b) for b in self.buckets):
+            lazy.append(True)
         for T in self.prompt_buckets:
             if T > top and T != self.prompt_buckets[0]:
                 break
-            self._insert(0, _Live(Request([0] * T, 1), 0, [0] * T, pages=[]))
+            for z in lazy:
+                if not z or T <= self.programs.sync_block:
+                    self._insert(0, _Live(Request([0] * T, 1), 0, [0] * T, pages=[]), lazy=z)
+        self._behind.clear()
+        self.lazy_inserts = 0
         modes = {mode_label(m): m for m in self.policy.picks.values()}.values()
         switches = self.drafter is not None and PLAIN in modes and len(modes) > 1
         with self._on_mesh():
@@ -284,7 +307,9 @@ class Engine:
 
     def _admit(self, pending: deque, slots: list) -> None:
         """Fill free slots from the front of ``pending`` while the pages last (in order: a
-        request that does not fit yet waits, and so do the ones behind it)."""
+        request that does not fit yet waits, and so do the ones behind it); then prefill
+        them, knowing the occupancy they join (:meth:`_lazy`)."""
+        new = []
         for slot in range(self.slots):
             if slots[slot] is not None or not pending:
                 continue
@@ -297,10 +322,13 @@ class Engine:
                     raise kvc.KVCacheExhaustedError(
                         f"request {req.id} needs {self.pages.needed(need)} pages and the whole "
                         f"budget is {self.pages.num_pages}")
-                return                          # wait for a finished row's pages
+                break                           # wait for a finished row's pages
             pending.popleft()
             slots[slot] = _Live(req, index, ids, pages)
-            self._insert(slot, slots[slot])
+            new.append(slot)
+        live = sum(s is not None for s in slots)
+        for slot in new:
+            self._insert(slot, slots[slot], self._lazy(len(slots[slot].ids), live))
 
     def _decode(self, live: list[int], slots: list) -> None:
         """One chunk for the live slots, padded with free ones to their bucket."""

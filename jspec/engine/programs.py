@@ -51,6 +51,9 @@ class SlotState:
     stop_ids: Int["B W"]            # -1 padded
     max_new: Int["B"]
     drafted: Int["B"]               # the target length the drafter has its pairs up to
+    # [B, sync_block]: a lazily inserted row's prompt (its drafter starts from nothing and
+    # :meth:`Programs.sync` feeds it these tokens too); None when no drafter can be lazy.
+    prompt: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +93,14 @@ class Programs:
     def aux_layers(self) -> tuple[int, ...]:
         return () if self.drafter is None else self.drafter.target_layers
 
-    def _row(self, cache, dstate, first, keys, finite, stops, max_new) -> SlotState:
+    @property
+    def lazy_drafter(self) -> bool:
+        """Whether an insert may skip the drafter's prefill (:meth:`insert` ``lazy``): its
+        drafter can start from nothing and be caught up by extends alone."""
+        return self.drafter is not None and self.drafter.prefill_is_extend
+
+    def _row(self, cache, dstate, first, keys, finite, stops, max_new, drafted=None,
+             prompt=None) -> SlotState:
         b = first.shape[0]
         s = SpecState(cache=cache, draft=dstate, root=first,
                       tokens=jnp.zeros((b, self.max_new_tokens + self.max_depth + 1), jnp.int32),
@@ -101,7 +111,8 @@ class Programs:
                       accept_by_pos=position_stats.empty(b))
         s = emit_block(s, first[:, None], finite.astype(jnp.int32), stops, max_new,
                        next_slots=self.max_nodes, finite=finite)
-        return SlotState(core=s, stop_ids=stops, max_new=max_new, drafted=cache.lengths)
+        return SlotState(core=s, stop_ids=stops, max_new=max_new,
+                         drafted=cache.lengths if drafted is None else drafted, prompt=prompt)
 
     # ---------------------------------------------------------------- programs
     @functools.partial(jax.jit, static_argnames=("self",))
@@ -118,15 +129,22 @@ class Programs:
         keys = jax.random.split(jax.random.key(0), B)
         stops = jnp.full((B, self.stop_width), -1, jnp.int32)
         zero = jnp.zeros((B,), jnp.int32)
+        prompt = jnp.zeros((B, self.sync_block), jnp.int32) if self.lazy_drafter else None
         return self.pinned(self._row(cache, dstate, zero, keys, jnp.ones((B,), bool), stops,
-                                     zero))
+                                     zero, prompt=prompt))
 
-    @functools.partial(jax.jit, static_argnames=("self",), donate_argnames=("state",))
+    @functools.partial(jax.jit, static_argnames=("self", "lazy"), donate_argnames=("state",))
     def insert(self, params, dparams, state: SlotState, slot, prompt, prompt_len, table, stops,
-               max_new, key) -> SlotState:
+               max_new, key, lazy: bool = False) -> SlotState:
         """Prefill ``prompt [1, T]`` into the pages of ``table [1, max_pages]`` and make it
         slot ``slot``'s row; ``key [1]``: the request's row key. The other slots' KV and
-        drafter state are not touched (the prefill writes only this row's pages)."""
+        drafter state are not touched (the prefill writes only this row's pages).
+
+        ``lazy`` (a drafter with :attr:`lazy_drafter`, ``T <= sync_block``): the target alone
+        is prefilled and the row's drafter starts from nothing (``drafted`` 0), to be caught
+        up by :meth:`sync` from position 0 if the row ever speculates. The engine inserts so
+        when its occupancy decodes plain: most such rows finish plain, and a short prompt
+        costs the catch-up one block at most."""
         TRACE_COUNTS["engine_insert"] += 1
         c = self.config
         params = pack_params(c, params)
@@ -135,20 +153,32 @@ class Programs:
         cache = R.with_pools(kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, table,
                                             self.num_pages, self.page_size, c.dtype),
                              state.core.cache)
-        if self.drafter is None:
+        dstate = drafted = kept = None
+        if self.drafter is not None:
+            fresh = self.drafter.init_state(1, table, self.num_pages, self.page_size)
+            dstate = R.with_pools(fresh, state.core.draft)
+        if self.lazy_drafter:
+            T, G = prompt.shape[1], self.sync_block
+            if lazy and T > G:
+                raise ValueError(f"a lazy insert takes a prompt bucket of at most "
+                                 f"sync_block={G} tokens, got {T}")
+            kept = jnp.pad(prompt, ((0, 0), (0, max(G - T, 0))))[:, :G] if lazy else \
+                jnp.zeros((1, G), jnp.int32)
+        elif lazy:
+            raise ValueError("this engine's drafter cannot skip its prefill (lazy_drafter)")
+        if self.drafter is None or lazy:
             dec = PlainDecoder(c, self.sampling, self.max_new_tokens, self.page_size,
                                self.num_pages, prefill_chunk=self.prefill_chunk)
             logits, cache = dec.prefill(params, prompt, prompt_len, cache)
             first = sample(logits, jax.vmap(jax.random.fold_in)(key, jnp.zeros((1,), jnp.int32)),
                            self.sampling)
-            dstate, finite = None, finite_rows(logits)
+            finite = finite_rows(logits)
+            drafted = None if dstate is None else jnp.zeros((1,), jnp.int32)
         else:
-            fresh = self.drafter.init_state(1, table, self.num_pages, self.page_size)
-            dstate = R.with_pools(fresh, state.core.draft)
             dec = self.spec_decoder(None)
             cache, dstate, first, key, finite = dec.prefill_into(params, dparams, cache, dstate,
                                                                  prompt, prompt_len, key)
-        row = self._row(cache, dstate, first, key, finite, stops, max_new)
+        row = self._row(cache, dstate, first, key, finite, stops, max_new, drafted, kept)
         return self.pinned(R.put(state, row, slot[None], self.slots))
 
     @functools.partial(jax.jit, static_argnames=("self", "spec"), donate_argnames=("state",))
@@ -201,7 +231,8 @@ class Programs:
         the committed tokens that reads the KV already written and writes none, so the
         target's cache and output are untouched) and given to the drafter's ``extend``,
         ``sync_block`` positions per step, as the per-step extends would have. A row in
-        step (or done) costs nothing but its share of the block."""
+        step (or done) costs nothing but its share of the block. A lazily inserted row
+        (:meth:`insert`) is caught up from position 0, its prompt included."""
         TRACE_COUNTS["engine_sync"] += 1
         params = pack_params(self.config, params)
         sub = R.take(state, rows, self.slots)
@@ -209,6 +240,15 @@ class Programs:
         first = s.cache.lengths - s.num_generated + 1        # the prompt's length
         last = s.tokens.shape[1] - 1
         j = jnp.arange(G, dtype=jnp.int32)[None]
+
+        def token_at(pos):
+            """The committed token at ``pos``: generated, or a lazy row's prompt token."""
+            at = pos - first[:, None]                        # index into the generated tokens
+            tok = jnp.take_along_axis(s.tokens, jnp.clip(at, 0, last), 1)
+            if sub.prompt is None:                           # a row is never behind its prompt
+                return tok
+            kept = jnp.take_along_axis(sub.prompt, jnp.clip(pos, 0, G - 1), 1)
+            return jnp.where(at < 0, kept, tok)
 
         def lag(carry):
             s, drafted = carry
@@ -218,9 +258,7 @@ class Programs:
             s, drafted = carry
             n = jnp.minimum(lag(carry), G)
             pos = drafted[:, None] + j
-            at = pos - first[:, None]                        # index into the generated tokens
-            toks = jnp.take_along_axis(s.tokens, jnp.clip(at, 0, last), 1)
-            nxt = jnp.take_along_axis(s.tokens, jnp.clip(at + 1, 0, last), 1)
+            toks, nxt = token_at(pos), token_at(pos + 1)
             # lengths = drafted: the block's queries see exactly the positions before them;
             # no write (valid all False), so they read the KV the plain steps wrote.
             hidden, aux, cache = forward(c, params, toks, pos, s.cache.replace(lengths=drafted),

@@ -79,6 +79,35 @@ def test_speculative_engine_greedy_equals_plain(stories, plain, kind, spec):
     assert eng.pages.free == eng.pages.num_pages
 
 
+LAZY_KINDS = ["eagle3", "mtp", "medusa", "dflash", "ngram", "model"]
+
+
+@pytest.mark.parametrize("kind", LAZY_KINDS)
+def test_rows_joining_a_plain_occupancy_skip_the_drafter_prefill_and_stay_exact(stories, plain,
+                                                                              kind):
+    """Two slots decode plain, one speculates: a short prompt joining two live rows is
+    inserted without its drafter's prefill, and when its neighbour finishes, the catch-up
+    feeds its drafter from position 0. Greedy output stays plain decoding's. A draft model
+    (whose prefill is not an extend from nothing) is always prefilled."""
+    target, prompts = stories
+    if kind == "ngram":
+        drafter = ngram_drafter(target.config)
+    else:
+        kw = {"num_heads": 4} if kind == "medusa" else {}
+        drafter = random_drafter(kind, target.config, jax.random.key(7), **kw)
+    spec = SpecConfig(4, 2, 6) if kind == "dflash" else None
+    eng = Engine(target, drafter, slots=2, policy=Policy({1: spec, 2: PLAIN}),
+                 max_new_tokens=32, chunk=3)
+    out = eng.generate(requests(prompts, order=[3, 0, 5, 1, 4, 2]), order="arrival")
+    assert {c.id: c.tokens for c in out} == dict(enumerate(plain))
+    modes = {mode for _, _, mode in eng.chunk_log}
+    assert PLAIN in modes and len(modes) == 2 and eng.syncs > 0
+    if kind == "model":
+        assert eng.lazy_inserts == 0
+    else:
+        assert eng.lazy_inserts >= len(prompts) - 2
+
+
 def test_sampling_depends_only_on_the_request(stories):
     """Sampled output, plain and speculative with the spec switched per occupancy, is the
     same whatever the slot count, the order and the neighbours: position-keyed draws make a
@@ -158,15 +187,16 @@ def test_bad_requests_are_refused_by_name(stories):
         Engine(target, oracle)
 
 
-def _one_slot(target, drafter, prompt, new, chunk=4):
-    """A one-slot engine with ``prompt`` inserted (its programs called directly)."""
+def _one_slot(target, drafter, prompt, new, chunk=4, lazy=False):
+    """A one-slot engine with ``prompt`` inserted (its programs called directly); ``lazy``:
+    without the drafter's prefill."""
     from jspec.engine.engine import _Live
 
     eng = Engine(target, drafter, slots=1, spec=SpecConfig.chain(3), max_new_tokens=new,
                  chunk=chunk, longest_prompt=48)
     eng._ensure_state()
     eng._insert(0, _Live(Request(prompt, new, stop_ids=[]), 0, prompt,
-                         eng.pages.take(len(prompt) + new + eng.overshoot)))
+                         eng.pages.take(len(prompt) + new + eng.overshoot)), lazy=lazy)
     return eng
 
 
@@ -217,15 +247,18 @@ def test_plain_chunks_leave_the_drafter_and_sync_catches_it_up(stories, eagle3):
     assert accept["plain, not synced"] < 0.8 * accept["plain, synced"], accept
 
 
-def test_sync_gives_the_drafter_state_a_prefill_gives(stories, eagle3):
+@pytest.mark.parametrize("lazy", [False, True], ids=["prefilled", "lazy insert"])
+def test_sync_gives_the_drafter_state_a_prefill_gives(stories, eagle3, lazy):
     """After plain chunks and a sync, the drafter's KV over every committed position equals
     the one a prefill of the prompt plus the tokens decoded so far writes (fp32), and so do
-    its feature and logits: the catch-up recomputes the target's features exactly."""
+    its feature and logits: the catch-up recomputes the target's features exactly. A lazy
+    insert (no drafter prefill) is caught up from position 0, its prompt included."""
     from jspec import kv_cache as kvc
 
     target, prompts = stories
     p = prompts[1]
-    eng = _one_slot(target, eagle3, p, 40)
+    eng = _one_slot(target, eagle3, p, 40, lazy=lazy)
+    assert int(eng.state.drafted[0]) == (0 if lazy else len(p))
     _run(eng, PLAIN, 3)                                  # 12 plain steps, no drafter
     _run(eng, "sync")
     core = eng.state.core
