@@ -41,7 +41,8 @@ import numpy as np
 from jspec import kv_cache as kvc
 from jspec.engine.pages import PagePool
 from jspec.engine.requests import Completion, Delta, Request
-from jspec.engine.policy import Policy, buckets_for, mode_label
+from jspec.engine.buckets import buckets_for, prompt_buckets
+from jspec.engine.policy import Policy, mode_label
 from jspec.engine.programs import PLAIN, Programs
 from jspec.kernels import check_mode as check_kernels, resolve as resolve_kernels
 from jspec.plan import check_prompt, resolve_drafting, row_stats, stop_table
@@ -126,7 +127,7 @@ class Engine:
         max_pages = kvc.pages_needed(self.max_len, page_size)
         num_pages = B * max_pages if num_pages is None else int(num_pages)
         self.pages = PagePool(num_pages, page_size, max_pages)
-        self.prompt_buckets = _prompt_buckets(prompt_bucket, self.max_len - overshoot - 1)
+        self.prompt_buckets = prompt_buckets(prompt_bucket, self.max_len - overshoot - 1)
         self.drafter = None if drafter is None else \
             drafter.serving if mesh is None else drafter.on_mesh(target.config, mesh)
         kernels = resolve_kernels(kernels, target.config, page_size=page_size,
@@ -220,11 +221,9 @@ class Engine:
                 self.state = self.programs.init(self.target.serving_params, self._dparams)
 
     def _lazy(self, n_tokens: int, live_slots: int) -> bool:
-        """Insert without the drafter's prefill (:meth:`Programs.insert` ``lazy``): the
-        drafter can be caught up from nothing, the prompt fits one catch-up block, and the
-        occupancy the row joins decodes plain. Skipping it takes the drafter's cost off
-        every insert at high occupancy, where the pick is plain and rows mostly finish plain;
-        a row that speculates later pays one more block in its catch-up."""
+        """Skip the drafter's prefill (:meth:`Programs.insert` ``lazy``) when the occupancy
+        the row joins decodes plain (where rows mostly finish plain) and a catch-up from
+        nothing would cost one more block at most."""
         if not self.programs.lazy_drafter:
             return False
         T = next(b for b in self.prompt_buckets if b >= n_tokens)
@@ -256,9 +255,7 @@ class Engine:
         slots (no iteration). Call it between streams, not during one."""
         self._ensure_state()
         top = longest_prompt or self.prompt_buckets[-1]
-        lazy = [False]
-        if any(self._lazy(1, b) for b in self.buckets):
-            lazy.append(True)
+        lazy = [False, True] if any(self._lazy(1, b) for b in self.buckets) else [False]
         for T in self.prompt_buckets:
             if T > top and T != self.prompt_buckets[0]:
                 break
@@ -400,16 +397,3 @@ class Engine:
             if d.done:
                 out[d.index] = d.completion
         return [out[i] for i in sorted(out)]
-
-
-def _prompt_buckets(base: int, longest: int) -> list[int]:
-    """Prompt lengths an insert program is compiled for: ``base`` doubling up to ``longest``
-    (the last bucket is ``longest`` itself)."""
-    if longest < 1:
-        raise ValueError("max_len leaves no room for a prompt")
-    out, b = [], base
-    while b < longest:
-        out.append(b)
-        b *= 2
-    return out + [longest]
-

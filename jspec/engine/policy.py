@@ -25,20 +25,12 @@ import dataclasses
 import logging
 from typing import Sequence
 
+from jspec.engine.buckets import buckets_for  # noqa: F401  (re-exported)
 from jspec.engine.programs import PLAIN
 from jspec.spec_config import parse_spec, spec_label
 from jspec import tune_store
 
 log = logging.getLogger("jspec")
-
-
-def buckets_for(slots: int) -> list[int]:
-    """1, 2, 4, ... below ``slots``, then ``slots``."""
-    out, b = [], 1
-    while b < slots:
-        out.append(b)
-        b *= 2
-    return out + [slots]
 
 
 def mode_label(mode) -> str:
