@@ -19,10 +19,10 @@ The host loop, between compiled calls:
 3. read back lengths and tokens, emit deltas, free the pages of finished rows.
 
 The programs are compiled once per prompt bucket (insert; twice for the short buckets
-when lazy inserts can happen), per (spec, bucket) (decode) and per bucket (sync), so a stream of any length and mix compiles a small fixed set. Output
-never depends on the neighbours: a request's greedy tokens equal ``generate`` of it alone,
-and its samples depend only on its own key (position-keyed sampling; see
-:mod:`jspec.engine.programs`).
+when lazy inserts can happen), per (spec, bucket) (decode) and per bucket (sync), so a
+stream of any length and mix compiles a small fixed set. Output never depends on the
+neighbours: a request's greedy tokens equal ``generate`` of it alone, and its samples
+depend only on its own key (position-keyed sampling; see :mod:`jspec.engine.programs`).
 """
 
 from __future__ import annotations
