@@ -62,15 +62,19 @@ KINDS = [("eagle3", None), ("eagle3", SpecConfig.chain(3)), ("eagle1", None), ("
          ("medusa", None), ("dflash", SpecConfig(4, 2, 6)), ("model", None), ("ngram", None)]
 
 
+def _drafter(kind, cfg):
+    """A random drafter of ``kind`` for ``cfg`` (the n-gram drafter has no weights)."""
+    if kind == "ngram":
+        return ngram_drafter(cfg)
+    kw = {"num_heads": 4} if kind == "medusa" else {}
+    return random_drafter(kind, cfg, jax.random.key(7), **kw)
+
+
 @pytest.mark.parametrize("kind,spec", KINDS, ids=[f"{k}-{'default' if s is None else 'chain' if s.is_chain else 'tree'}"
                                                    for k, s in KINDS])
 def test_speculative_engine_greedy_equals_plain(stories, plain, kind, spec):
     target, prompts = stories
-    if kind == "ngram":
-        drafter = ngram_drafter(target.config)
-    else:
-        kw = {"num_heads": 4} if kind == "medusa" else {}
-        drafter = random_drafter(kind, target.config, jax.random.key(7), **kw)
+    drafter = _drafter(kind, target.config)
     eng = Engine(target, drafter, slots=2, spec=spec, max_new_tokens=32, chunk=3)
     out = eng.generate(requests(prompts, order=[3, 0, 5, 1, 4, 2]))
     assert [c.index for c in out] == list(range(6))
@@ -90,11 +94,7 @@ def test_rows_joining_a_plain_occupancy_skip_the_drafter_prefill_and_stay_exact(
     feeds its drafter from position 0. Greedy output stays plain decoding's. A draft model
     (whose prefill is not an extend from nothing) is always prefilled."""
     target, prompts = stories
-    if kind == "ngram":
-        drafter = ngram_drafter(target.config)
-    else:
-        kw = {"num_heads": 4} if kind == "medusa" else {}
-        drafter = random_drafter(kind, target.config, jax.random.key(7), **kw)
+    drafter = _drafter(kind, target.config)
     spec = SpecConfig(4, 2, 6) if kind == "dflash" else None
     eng = Engine(target, drafter, slots=2, policy=Policy({1: spec, 2: PLAIN}),
                  max_new_tokens=32, chunk=3)
