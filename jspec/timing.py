@@ -49,7 +49,30 @@ def round_robin(calls: Sequence[Callable[[], Any]] | Mapping[Any, Callable[[], A
     a dict like ``calls``."""
     named = isinstance(calls, Mapping)
     keys = list(calls) if named else list(range(len(calls)))
-    fns = [calls[k] for k in keys]
+    timed = interleaved([[calls[k]] for k in keys], repeats, warmup=warmup, seconds=seconds)
+    for t in timed:
+        t.result = t.result[0]
+    return dict(zip(keys, timed)) if named else timed
+
+
+def interleaved(calls: Sequence[Sequence[Callable[[], Any]]]
+                | Mapping[Any, Sequence[Callable[[], Any]]],
+                repeats: int, *, warmup: int = 1,
+                seconds: Callable[[Any, float], float] | None = None):
+    """:func:`round_robin` for calls made of ``U`` parts each (an engine serving rounds of
+    requests one after another): in a timed round, part j of every call runs before part
+    j + 1 of any, the calls' order rotating at every part, and a call's time for the round
+    is the sum of its parts'. A call's parts are then spread over the whole round, so a
+    slow spell of the machine (this VM's speed moves by 10% within seconds) hits every call
+    alike instead of the one whose turn it was. The warm-up round runs each call's parts in
+    turn. ``Timing.result``: the last round's results of the parts, a list."""
+    named = isinstance(calls, Mapping)
+    keys = list(calls) if named else list(range(len(calls)))
+    parts = [list(calls[k]) for k in keys]
+    U = len(parts[0])
+    if U < 1 or any(len(p) != U for p in parts):
+        raise ValueError(f"every call needs the same number (>= 1) of parts, got "
+                         f"{[len(p) for p in parts]}")
     seconds = seconds or (lambda result, elapsed: elapsed)
 
     def run(fn):
@@ -58,16 +81,21 @@ def round_robin(calls: Sequence[Callable[[], Any]] | Mapping[Any, Callable[[], A
         return seconds(out, time.perf_counter() - t0), out
 
     out = []
-    for fn in fns:
-        first, res = run(fn)
-        out.append(Timing(first, [], res))
-    n = len(fns)
+    for call in parts:
+        runs = [run(fn) for fn in call]
+        out.append(Timing(sum(dt for dt, _ in runs), [], [r for _, r in runs]))
+    n = len(parts)
     for r in range(max(0, warmup - 1) + max(1, repeats)):
-        for i in range(n):
-            t, fn = out[(r + i) % n], fns[(r + i) % n]
-            dt, t.result = run(fn)
+        total, results = [0.0] * n, [[None] * U for _ in range(n)]
+        for j in range(U):
+            for i in range(n):
+                c = (r * U + j + i) % n
+                dt, results[c][j] = run(parts[c][j])
+                total[c] += dt
+        for c, t in enumerate(out):
+            t.result = results[c]
             if r >= warmup - 1:
-                t.times.append(dt)
+                t.times.append(total[c])
     return dict(zip(keys, out)) if named else out
 
 

@@ -12,7 +12,6 @@ also when its first token is seen); first token is when the request's first delt
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import statistics
@@ -24,8 +23,7 @@ import numpy as np
 from jspec.bench.registry import Command
 from jspec.engine import Engine, Request
 from jspec.engine.policy import mode_label, parse_mode
-from jspec.engine.tuning import MIN_PROMPTS, full_rounds, serve_rounds
-from jspec.timing import round_robin
+from jspec.engine.tuning import MIN_PROMPTS, full_rounds, timed_rounds
 
 
 def add_args(s) -> None:
@@ -110,13 +108,13 @@ def engine(target, drafter, work, B, chunk, order="longest", **kw):
 def sweep(target, drafter, prompts, slot_counts, new, chunk, fixed, cap,
           repeats=7) -> list[dict]:
     """Tokens/s with every slot full (no stop ids: each request runs ``new`` tokens), plain,
-    the fixed spec and the stored pick, each engine a pass in turn (``repeats`` passes of
-    at least two rounds, :func:`jspec.engine.tuning.full_rounds`); engines sized for ``cap``
-    new tokens a request, as in the stream above. Tokens/s: the best pass. The ratios: the
-    median over the repeats of the ratio within one repeat, whose passes ran back to back
-    (this VM's speed drifts by 5-10% over tens of seconds, which pairing partly cancels:
-    the pick and the fixed spec, the same program at one slot, measured 0.91 apart by
-    their best passes in one sweep)."""
+    the fixed spec and the stored pick, the engines taking turns round by round
+    (:func:`jspec.engine.tuning.timed_rounds`) over ``repeats`` passes of at least two rounds
+    (:func:`jspec.engine.tuning.full_rounds`); engines sized for ``cap`` new tokens a
+    request, as in the stream above. Tokens/s: the best pass. The ratios: the median over
+    the passes of the ratio within one pass. This VM's speed moves by 10% within seconds:
+    with whole passes in turn, the pick and the fixed spec, the same program at one slot,
+    measured 0.95-1.035 apart across three sweeps (7 passes each)."""
     rows = []
     longest = max(len(target.tokenizer.encode(p)) for p in prompts)
     for B in slot_counts:
@@ -127,15 +125,14 @@ def sweep(target, drafter, prompts, slot_counts, new, chunk, fixed, cap,
         for e in engines.values():
             e.warm(longest, buckets=[B])            # every slot full: only bucket B runs
         rounds = full_rounds(prompts, B, new, max(MIN_PROMPTS, 2 * B))
-        t = round_robin({k: functools.partial(serve_rounds, e, rounds)
-                         for k, e in engines.items()}, repeats)
+        t = timed_rounds(engines, rounds, repeats)
         pick_mode = mode_label(engines["pick"].policy[B])
         del engines
         fresh()
         # Every engine makes the same tokens (no stops), so a ratio of rates is one of times.
         paired = lambda num, den: statistics.median(
             min(t[k].times[i] for k in den) / t[num].times[i] for i in range(repeats))
-        rows.append({"slots": B, **{f"{k}_tok_s": v.result / v.best for k, v in t.items()},
+        rows.append({"slots": B, **{f"{k}_tok_s": sum(v.result) / v.best for k, v in t.items()},
                      "pick_mode": pick_mode,
                      "pick_vs_best": paired("pick", ("plain", "fixed")),
                      "fixed_vs_plain": paired("fixed", ("plain",)),

@@ -8,7 +8,7 @@ from typing import Sequence
 from jspec.engine.engine import Engine, Request
 from jspec.engine.policy import buckets_for, mode_label, uniform
 from jspec.sampling import SamplingConfig
-from jspec.timing import round_robin
+from jspec.timing import interleaved
 
 #: At least this many distinct prompts are timed per bucket. Acceptance varies by prompt far
 #: more than cost does: one prompt at one live slot measured 1.06x plain for the drafter's
@@ -32,12 +32,17 @@ def serve_rounds(engine: Engine, rounds: list[list[Request]]) -> int:
 
 
 def best_rates(engines: dict, rounds: list[list[Request]], repeats: int) -> dict:
-    """Tokens/s of each engine on ``rounds`` (:func:`jspec.timing.round_robin`: one untimed
-    pass to compile, then ``repeats`` passes round-robin over the engines, the best
-    counting)."""
-    timed = round_robin({k: functools.partial(serve_rounds, e, rounds)
-                         for k, e in engines.items()}, repeats)
-    return {k: t.result / t.best for k, t in timed.items()}
+    """Tokens/s of each engine on ``rounds`` (:func:`jspec.timing.interleaved`: one untimed
+    pass to compile, then ``repeats`` passes in which the engines take turns round by
+    round, the best pass counting)."""
+    return {k: sum(t.result) / t.best for k, t in timed_rounds(engines, rounds, repeats).items()}
+
+
+def timed_rounds(engines: dict, rounds: list[list[Request]], repeats: int) -> dict:
+    """:class:`jspec.timing.Timing` of each engine serving ``rounds``, the engines taking
+    turns round by round (:func:`jspec.timing.interleaved`); ``result``: tokens per round."""
+    return interleaved({k: [functools.partial(serve_rounds, e, [r]) for r in rounds]
+                        for k, e in engines.items()}, repeats)
 
 
 def measure(target, drafter, prompts: Sequence, candidates: Sequence, *, slots: int,
