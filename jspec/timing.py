@@ -3,7 +3,9 @@ engine's per-occupancy pick, the benchmarks): each call runs ``warmup`` times fi
 first run compiles), then the calls are timed round-robin, one of each per round, so load
 from other processes on the machine hits every variant alike and the ratios between them
 stay meaningful. Each variant reports its cold first call, every timed call, the best and
-the median, and its last result."""
+the median, and its last result. :func:`interleaved` does the same for calls made of parts
+(an engine serving one round of requests after another), the calls taking turns part by
+part."""
 
 from __future__ import annotations
 
