@@ -71,6 +71,8 @@ def interleaved(calls: Sequence[Sequence[Callable[[], Any]]]
     named = isinstance(calls, Mapping)
     keys = list(calls) if named else list(range(len(calls)))
     parts = [list(calls[k]) for k in keys]
+    if not parts:
+        return {} if named else []
     U = len(parts[0])
     if U < 1 or any(len(p) != U for p in parts):
         raise ValueError(f"every call needs the same number (>= 1) of parts, got "

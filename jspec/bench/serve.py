@@ -114,7 +114,7 @@ def sweep(target, drafter, prompts, slot_counts, new, chunk, fixed, cap,
     request, as in the stream above. Tokens/s: the best pass. The ratios: the median over
     the passes of the ratio within one pass. This VM's speed moves by 10% within seconds:
     with whole passes in turn, the pick and the fixed spec, the same program at one slot,
-    measured 0.95-1.035 apart across three sweeps (7 passes each)."""
+    measured 0.953-1.035 apart across three sweeps of 5-7 passes."""
     rows = []
     longest = max(len(target.tokenizer.encode(p)) for p in prompts)
     for B in slot_counts:
