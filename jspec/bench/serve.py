@@ -109,7 +109,7 @@ def sweep(target, drafter, prompts, slot_counts, new, chunk, fixed, cap,
           repeats=7) -> list[dict]:
     """Tokens/s with every slot full (no stop ids: each request runs ``new`` tokens), plain,
     the fixed spec and the stored pick, the engines taking turns round by round
-    (:func:`jspec.engine.tuning.timed_rounds`) over ``repeats`` passes of at least two rounds
+    (:func:`jspec.engine.tuning.timed_rounds`) over ``repeats`` passes of at least four rounds
     (:func:`jspec.engine.tuning.full_rounds`); engines sized for ``cap`` new tokens a
     request, as in the stream above. Tokens/s: the best pass. The ratios: the median over
     the passes of the ratio within one pass. This VM's speed moves by 10% within seconds:
@@ -124,7 +124,7 @@ def sweep(target, drafter, prompts, slot_counts, new, chunk, fixed, cap,
                    "pick": Engine(target, drafter, policy="auto", **kw)}
         for e in engines.values():
             e.warm(longest, buckets=[B])            # every slot full: only bucket B runs
-        rounds = full_rounds(prompts, B, new, max(MIN_PROMPTS, 2 * B))
+        rounds = full_rounds(prompts, B, new, max(MIN_PROMPTS, 2 * B), min_rounds=4)
         t = timed_rounds(engines, rounds, repeats)
         pick_mode = mode_label(engines["pick"].policy[B])
         del engines

@@ -17,11 +17,12 @@ MIN_PROMPTS = 8
 
 
 def full_rounds(prompts: Sequence, bucket: int, new_tokens: int,
-                min_prompts: int = MIN_PROMPTS) -> list[list[Request]]:
+                min_prompts: int = MIN_PROMPTS, min_rounds: int = 1) -> list[list[Request]]:
     """Batches of ``bucket`` requests that keep every slot of the bucket live (no stop ids:
     each runs ``new_tokens``), as many as it takes to cover ``min_prompts`` successive prompts
-    of ``prompts`` (cycled), so a small bucket is not timed on one prompt's acceptance."""
-    rounds = -(-min(min_prompts, len(prompts)) // bucket)
+    of ``prompts`` (cycled), so a small bucket is not timed on one prompt's acceptance, and
+    at least ``min_rounds``."""
+    rounds = max(min_rounds, -(-min(min_prompts, len(prompts)) // bucket))
     return [[Request(prompts[(r * bucket + i) % len(prompts)], new_tokens, stop_ids=[])
              for i in range(bucket)] for r in range(rounds)]
 
