@@ -45,10 +45,9 @@ def add_args(s) -> None:
     s.add_argument("--sweep", type=int, nargs="*", default=None, metavar="B",
                    help="also: tokens/s with B full slots (e.g. 1 4 8 16 32)")
     s.add_argument("--sweep-new", type=int, default=64)
-    s.add_argument("--sweep-repeats", type=int, default=7, help="timed passes per engine, "
-                   "in turn: tokens/s from the best pass, ratios the median of the ratios "
-                   "within a repeat (with 2 best-of passes, the same engine moved by 10%% "
-                   "between sweeps on a 2-core CPU)")
+    s.add_argument("--sweep-repeats", type=int, default=7, help="timed passes, the engines "
+                   "taking turns round by round: tokens/s from the best pass, ratios the "
+                   "median of the ratios within a pass")
     s.add_argument("--json", metavar="OUT")
 
 

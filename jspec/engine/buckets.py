@@ -24,3 +24,7 @@ def prompt_buckets(base: int, longest: int) -> list[int]:
         b *= 2
     return out + [longest]
 
+
+def bucket_of(buckets: list[int], n: int) -> int:
+    """The smallest of ``buckets`` (ascending) that holds ``n``."""
+    return next(b for b in buckets if b >= n)

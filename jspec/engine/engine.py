@@ -41,7 +41,7 @@ import numpy as np
 from jspec import kv_cache as kvc
 from jspec.engine.pages import PagePool
 from jspec.engine.requests import Completion, Delta, Request
-from jspec.engine.buckets import buckets_for, prompt_buckets
+from jspec.engine.buckets import bucket_of, buckets_for, prompt_buckets
 from jspec.engine.policy import Policy, mode_label
 from jspec.engine.programs import PLAIN, Programs
 from jspec.kernels import check_mode as check_kernels, resolve as resolve_kernels
@@ -226,13 +226,13 @@ class Engine:
         nothing would cost one more block at most."""
         if not self.programs.lazy_drafter:
             return False
-        T = next(b for b in self.prompt_buckets if b >= n_tokens)
-        bucket = next(b for b in self.buckets if b >= live_slots)
+        T = bucket_of(self.prompt_buckets, n_tokens)
+        bucket = bucket_of(self.buckets, live_slots)
         return T <= self.programs.sync_block and self.policy[bucket] == PLAIN
 
     def _insert(self, slot: int, live: _Live, lazy: bool = False):
         ids = live.ids
-        T = next(b for b in self.prompt_buckets if b >= len(ids))
+        T = bucket_of(self.prompt_buckets, len(ids))
         prompt = np.zeros((1, T), np.int32)
         prompt[0, :len(ids)] = ids
         table = np.full((1, self.pages.max_pages), self.pages.num_pages, np.int32)
@@ -329,7 +329,7 @@ class Engine:
 
     def _decode(self, live: list[int], slots: list) -> None:
         """One chunk for the live slots, padded with free ones to their bucket."""
-        bucket = next(b for b in self.buckets if b >= len(live))
+        bucket = bucket_of(self.buckets, len(live))
         free = [s for s in range(self.slots) if slots[s] is None]
         rows = np.asarray(live + free[:bucket - len(live)], np.int32)
         mode = self.policy[bucket]

@@ -162,8 +162,7 @@ class Programs:
             if lazy and T > G:
                 raise ValueError(f"a lazy insert takes a prompt bucket of at most "
                                  f"sync_block={G} tokens, got {T}")
-            kept = jnp.pad(prompt, ((0, 0), (0, max(G - T, 0))))[:, :G] if lazy else \
-                jnp.zeros((1, G), jnp.int32)
+            kept = jnp.pad(prompt, ((0, 0), (0, G - T))) if lazy else jnp.zeros((1, G), jnp.int32)
         elif lazy:
             raise ValueError("this engine's drafter cannot skip its prefill (lazy_drafter)")
         if self.drafter is None or lazy:

@@ -27,9 +27,9 @@ def full_rounds(prompts: Sequence, bucket: int, new_tokens: int,
              for i in range(bucket)] for r in range(rounds)]
 
 
-def serve_rounds(engine: Engine, rounds: list[list[Request]]) -> int:
-    """Serve ``rounds`` one after another; the tokens made."""
-    return sum(len(c.tokens) for reqs in rounds for c in engine.generate(reqs))
+def serve_round(engine: Engine, requests: list[Request]) -> int:
+    """Serve one round of requests; the tokens made."""
+    return sum(len(c.tokens) for c in engine.generate(requests))
 
 
 def best_rates(engines: dict, rounds: list[list[Request]], repeats: int) -> dict:
@@ -42,7 +42,7 @@ def best_rates(engines: dict, rounds: list[list[Request]], repeats: int) -> dict
 def timed_rounds(engines: dict, rounds: list[list[Request]], repeats: int) -> dict:
     """:class:`jspec.timing.Timing` of each engine serving ``rounds``, the engines taking
     turns round by round (:func:`jspec.timing.interleaved`); ``result``: tokens per round."""
-    return interleaved({k: [functools.partial(serve_rounds, e, [r]) for r in rounds]
+    return interleaved({k: [functools.partial(serve_round, e, r) for r in rounds]
                         for k, e in engines.items()}, repeats)
 
 
