@@ -1,4 +1,4 @@
-"""Checkpoint I/O: Hugging Face safetensors, llama2.c ``.bin`` and jspec's Orbax format.
+"""Checkpoint I/O: Hugging Face safetensors, GGUF, llama2.c ``.bin`` and jspec's Orbax format.
 
 :func:`load_target` picks the reader from what ``path`` looks like.
 """
@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from jspec.checkpoint.common import CheckpointError, Progress, with_dtype
+from jspec.checkpoint.gguf import is_gguf, load_gguf, load_gguf_config
 from jspec.checkpoint.hf import (load_hf, load_hf_config, params_from_state_dict, save_hf,
                                  state_dict_from_params)
 from jspec.checkpoint.llama2c import load_llama2c, read_header, save_llama2c
@@ -19,12 +20,12 @@ from jspec.target import Target, shard_target
 from jspec.tokenizer import load_tokenizer
 
 __all__ = ["CheckpointError", "load_target", "load_config", "detect_format", "load_hf", "save_hf",
-           "params_from_state_dict", "state_dict_from_params", "load_llama2c",
+           "params_from_state_dict", "state_dict_from_params", "load_llama2c", "load_gguf",
            "save_llama2c", "load_orbax", "save_orbax"]
 
 
 def detect_format(path: str | os.PathLike) -> str:
-    """``"orbax"``, ``"hf"`` or ``"llama2c"``; :class:`CheckpointError` otherwise."""
+    """``"orbax"``, ``"hf"``, ``"gguf"`` or ``"llama2c"``; :class:`CheckpointError` otherwise."""
     p = Path(path)
     if p.is_dir():
         if (p / CONFIG_FILE).is_file():
@@ -36,11 +37,15 @@ def detect_format(path: str | os.PathLike) -> str:
         raise CheckpointError(
             f"{p}: directory is neither a jspec Orbax checkpoint ({CONFIG_FILE}) nor a "
             "Hugging Face one (config.json + model.safetensors[.index.json])")
+    if is_gguf(p):
+        return "gguf"
+    if p.is_file() and p.suffix == ".gguf":
+        return "gguf"      # open_gguf names what is wrong with it
     if p.is_file() and p.suffix == ".bin":
         return "llama2c"
     if not p.exists():
         raise CheckpointError(f"{p}: no such file or directory")
-    raise CheckpointError(f"{p}: unrecognised checkpoint (want a directory or a llama2.c .bin)")
+    raise CheckpointError(f"{p}: unrecognised checkpoint (want a directory, a .gguf or a llama2.c .bin)")
 
 
 def load_target(path: str | os.PathLike, dtype=None, tokenizer: str | os.PathLike | None = None,
@@ -55,7 +60,8 @@ def load_target(path: str | os.PathLike, dtype=None, tokenizer: str | os.PathLik
         if mesh is not None:
             target = shard_target(target, mesh)
         return target
-    target = (load_orbax if fmt == "orbax" else load_hf)(path, dtype, progress=progress, mesh=mesh)
+    load = {"orbax": load_orbax, "hf": load_hf, "gguf": load_gguf}[fmt]
+    target = load(path, dtype, progress=progress, mesh=mesh)
     if tokenizer is not None:
         cfg = target.config
         tok = load_tokenizer(tokenizer, eos_ids=cfg.eos_token_ids)
@@ -71,4 +77,6 @@ def load_config(path: str | os.PathLike, dtype=None) -> LlamaConfig:
         return with_dtype(read_header(path)[0], dtype)
     if fmt == "orbax":
         return with_dtype(LlamaConfig.from_hf(read_meta(path)), dtype)
+    if fmt == "gguf":
+        return load_gguf_config(path, dtype if dtype is not None else "float32")
     return load_hf_config(path, dtype)
