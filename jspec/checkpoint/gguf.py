@@ -83,6 +83,7 @@ def open_gguf(path: str | os.PathLike):
         raise CheckpointError(f"{p}: cannot parse GGUF ({_truncation(p) or msg})") from e
     except (IndexError, OverflowError, MemoryError, TypeError) as e:
         raise CheckpointError(f"{p}: cannot parse GGUF ({_truncation(p) or e})") from e
+    reader.path = p      # for the errors below, which name the file
     _check_extent(p, reader)
     return reader
 
@@ -156,7 +157,7 @@ def gguf_config(reader, dtype=None) -> LlamaConfig:
             intermediate_size=int(k("feed_forward_length", required=True)),
             num_layers=int(k("block_count", required=True)), num_heads=int(heads),
             num_kv_heads=int(kv_heads), head_dim=int(head_dim),
-            rms_norm_eps=float(k("attention.layer_norm_rms_epsilon", default=1e-5)),
+            rms_norm_eps=_f32(k("attention.layer_norm_rms_epsilon", default=1e-5)),
             rope=_rope(reader), tie_word_embeddings="output.weight" not in names,
             max_position_embeddings=int(k("context_length", default=8192)),
             bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"), eos_token_ids=eos)
@@ -167,7 +168,7 @@ def gguf_config(reader, dtype=None) -> LlamaConfig:
 
 def _rope(reader) -> RopeConfig:
     k = lambda name, default=None: field(reader, f"llama.rope.{name}", default)
-    theta = float(k("freq_base", 10000.0))
+    theta = _f32(k("freq_base", 10000.0))
     kind = k("scaling.type", "none")
     if kind in (None, "none"):
         # Llama-3.1 files often say nothing here and store the scaled frequencies as
@@ -184,6 +185,12 @@ def _rope(reader) -> RopeConfig:
         low_freq_factor=float(k("scaling.low_freq_factor", 1.0)),
         high_freq_factor=float(k("scaling.high_freq_factor", 4.0)),
         original_max_position_embeddings=int(k("scaling.original_context_length", 8192)))
+
+
+def _f32(x) -> float:
+    """A float32 metadata value as the decimal it was written from (1e-05, not
+    9.999999747378752e-06): the shortest repr that rounds to the same float32."""
+    return float(str(np.float32(x)))
 
 
 def _tensor_shape(reader, name: str) -> tuple[int, ...]:
@@ -250,6 +257,9 @@ def gguf_params(reader, cfg: LlamaConfig, progress: Progress | None = None):
         got = tuple(int(d) for d in reversed(tensors[name].shape.tolist()))
         check_shape(name, want, got)
         arr = dequantize(reader, tensors[name])
+        if not np.isfinite(arr).all():
+            raise CheckpointError(f"{reader.path}: tensor {name!r} holds non-finite values "
+                                  "(NaN or inf) once dequantized: the file is damaged")
         if perm is not None:
             arr = unpermute_qk(arr, cfg.num_heads if perm == "q" else cfg.num_kv_heads)
         flat[path] = to_param(arr.T if transpose else arr, cfg.dtype)

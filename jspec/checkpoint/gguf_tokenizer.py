@@ -112,9 +112,8 @@ def _byte_level_bpe(reader, tokens, types):
             raise CheckpointError(f"{reader.path}: tokenizer.ggml.merges entry {m!r} is not "
                                   "two tokens separated by one space")
         pairs.append((parts[0], parts[1]))
-    vocab = _vocab(tokens)
-    tok = Tokenizer(models.BPE(vocab, pairs, ignore_merges=ignore_merges, fuse_unk=False,
-                               byte_fallback=False))
+    tok = Tokenizer(_bpe(reader, models.BPE, _vocab(tokens), pairs, ignore_merges=ignore_merges,
+                         fuse_unk=False, byte_fallback=False))
     tok.pre_tokenizer = build_pre()
     tok.decoder = decoders.ByteLevel()
     return tok
@@ -134,8 +133,8 @@ def _sentencepiece_bpe(reader, tokens, types):
         raise CheckpointError(f"{reader.path}: a llama tokenizer needs tokenizer.ggml.scores "
                               "(one per token) or tokenizer.ggml.merges")
     unk = field(reader, "tokenizer.ggml.unknown_token_id")
-    tok = Tokenizer(models.BPE(vocab, pairs, unk_token=None if unk is None else tokens[int(unk)],
-                               fuse_unk=True, byte_fallback=True))
+    tok = Tokenizer(_bpe(reader, models.BPE, vocab, pairs, fuse_unk=True, byte_fallback=True,
+                         unk_token=None if unk is None else tokens[int(unk)]))
     norm = [normalizers.Replace(" ", "\u2581")]
     if field(reader, "tokenizer.ggml.add_space_prefix", default=True):
         norm.insert(0, normalizers.Prepend("\u2581"))
@@ -158,6 +157,14 @@ def merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[
                 out.append((-score, vocab[left], vocab[right], left, right))
     out.sort()
     return [(left, right) for *_, left, right in out]
+
+
+def _bpe(reader, BPE, vocab, merges, **kw):
+    try:
+        return BPE(vocab, merges, **kw)
+    except Exception as e:   # tokenizers raises a bare Exception ("Token `x` out of vocabulary")
+        raise CheckpointError(f"{reader.path}: tokenizer.ggml.merges does not fit "
+                              f"tokenizer.ggml.tokens ({e})") from e
 
 
 def _vocab(tokens) -> dict[str, int]:
