@@ -2,11 +2,15 @@
 
 from jspec.config import ConfigError, LlamaConfig, RopeConfig
 from jspec.generate import GenerationResult, generate
+# Eager, unlike load_target: importing the submodule jspec.chat later would rebind the
+# package's `chat` attribute to the module. It costs nothing (it needs only generate).
+from jspec.chat import ChatResult, chat
 from jspec.kv_cache import KVCacheExhaustedError
 from jspec.sampling import SamplingConfig
 from jspec.target import Target
 
-__all__ = ["ConfigError", "LlamaConfig", "RopeConfig", "GenerationResult", "generate",
+__all__ = ["ChatResult", "ConfigError", "LlamaConfig", "RopeConfig", "GenerationResult",
+           "chat", "generate",
            "KVCacheExhaustedError", "SamplingConfig", "Target", "load_target"]
 
 

@@ -7,17 +7,20 @@ knobs) extend ``generate`` without changing the command users already type.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
 
 from jspec.args import add_kernels_arg, add_prefill_chunk_arg, load_drafter_arg, parse_ids  # noqa: F401 (re-exported)
 from jspec.args import add_process_args, parse_mesh
+from jspec.fetch import resolve_model
 from jspec.shipped import DRAFTER_ORDER
 
 
 def add_generate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="HF directory, jspec Orbax directory or llama2.c .bin")
+    p.add_argument("--model", required=True, help="HF directory, jspec Orbax directory, "
+                   "llama2.c .bin, .gguf, or a fetchable name (python -m jspec models list)")
     p.add_argument("--tokenizer", help="tokenizer file (tok*.bin or tokenizer.json) overriding the model's")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
@@ -353,22 +356,21 @@ def run_tune_occupancy(args, target, drafter) -> int:
     return 0
 
 
-def _add_run_args(p):
-    from jspec.engine.runner import add_args
-    add_args(p)
-
-
-def _run_dataset(args) -> int:
-    from jspec.engine.runner import run
-    return run(args)
+def _lazy(module: str, name: str):
+    """``module.name``, imported when the command runs (so ``--help`` stays fast)."""
+    return lambda *a: getattr(importlib.import_module(module), name)(*a)
 
 
 COMMANDS = {
     "demo": (add_demo_args, run_demo, "generate with the default model"),
     "generate": (add_generate_args, run_generate, "generate text or token ids"),
+    "chat": (_lazy("jspec.chat_cli", "add_args"), _lazy("jspec.chat_cli", "run"),
+             "talk with an instruct model in the terminal, streamed, multi-turn"),
+    "models": (_lazy("jspec.fetch", "add_args"), _lazy("jspec.fetch", "run"),
+               "fetch a model by name (smollm2), or list the fetchable ones"),
     "tune": (add_tune_args, run_tune, "pick the tree shape from measured costs and acceptance"),
-    "run": (_add_run_args, _run_dataset, "a JSONL dataset of requests through the serving "
-            "engine, resumable"),
+    "run": (_lazy("jspec.engine.runner", "add_args"), _lazy("jspec.engine.runner", "run"),
+            "a JSONL dataset of requests through the serving engine, resumable"),
 }
 
 
@@ -379,6 +381,8 @@ def main(argv=None) -> int:
         add(sub.add_parser(name, help=help_))
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "model", None):        # a fetchable name (smollm2) becomes its path
+            args.model = resolve_model(args.model)
         return COMMANDS[args.command][1](args)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         # Bad input is the user's to fix: one clear line, not a traceback.

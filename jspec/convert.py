@@ -1,8 +1,10 @@
 """Convert checkpoints to jspec's Orbax format, and drafters back to their published layouts.
 
-Targets (an HF Llama directory or a llama2.c ``.bin`` -> jspec Orbax)::
+Targets (an HF Llama directory, a GGUF file or a llama2.c ``.bin`` -> jspec Orbax, or HF
+safetensors with ``--to hf``; a GGUF's quantized blocks are dequantized, to float32 unless
+``--dtype`` says otherwise)::
 
-    python -m jspec.convert SRC DST [--dtype bfloat16] [--tokenizer PATH] [--overwrite]
+    python -m jspec.convert SRC DST [--to orbax|hf] [--dtype bfloat16] [--tokenizer PATH] [--overwrite]
 
 Drafters (every layout :func:`jspec.drafters.load_drafter` reads: SafeAILab/SpecForge
 EAGLE-1/EAGLE-3, FasterDecoding and vLLM Medusa, DeepSeek MTP, jspec Orbax), checked
@@ -30,7 +32,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from jspec.checkpoint import CheckpointError, load_config, load_target, save_orbax
+from jspec.checkpoint import CheckpointError, load_config, load_target, save_hf, save_orbax
+from jspec.checkpoint.orbax_io import atomic_dir
 from jspec.config import ConfigError
 from jspec.tokenizer import TokenizerError
 
@@ -63,12 +66,15 @@ def main(argv=None) -> int:
         return drafter_main(argv[1:])
     ap = argparse.ArgumentParser(
         prog="python -m jspec.convert",
-        description="Convert an HF Llama directory or a llama2.c .bin to jspec's Orbax checkpoint.",
+        description="Convert an HF Llama directory, a GGUF file or a llama2.c .bin to jspec's "
+                    "Orbax checkpoint (or HF safetensors: --to hf).",
         epilog="drafters: python -m jspec.convert drafter --help")
-    ap.add_argument("src", help="HF directory, llama2.c .bin or jspec Orbax directory")
+    ap.add_argument("src", help="HF directory, .gguf file, llama2.c .bin or jspec Orbax directory")
     ap.add_argument("dst", help="output directory (must not exist unless --overwrite)")
     ap.add_argument("--dtype", default=None, help="parameter dtype (default: the checkpoint's)")
     ap.add_argument("--tokenizer", default=None, help="tokenizer file to use and copy")
+    ap.add_argument("--to", choices=("orbax", "hf"), default="orbax",
+                    help="output format (default: orbax)")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing DST")
     a = ap.parse_args(argv)
     if os.path.exists(a.dst) and not a.overwrite:  # before the slow part, not after
@@ -76,7 +82,11 @@ def main(argv=None) -> int:
     try:
         target = load_target(a.src, dtype=a.dtype, tokenizer=a.tokenizer,
                              progress=functools.partial(_bar, desc="tensors", unit="tensor"))
-        save_orbax(target, a.dst, overwrite=a.overwrite)
+        if a.to == "hf":
+            with atomic_dir(a.dst, overwrite=a.overwrite) as tmp:
+                save_hf(target, tmp)
+        else:
+            save_orbax(target, a.dst, overwrite=a.overwrite)
     except KeyboardInterrupt:
         return _interrupted(a.dst)
     except (CheckpointError, ConfigError, TokenizerError, FileExistsError, OSError) as e:

@@ -36,6 +36,7 @@ from typing import Callable
 import jax
 
 from jspec import atomic
+from jspec.cache import cache_dir
 from jspec.shipped import default_model, shipped_drafters
 from jspec.spec_config import SpecConfig
 from jspec.timing import round_robin, wall_s
@@ -64,10 +65,6 @@ class Candidate:
 
     def spec_config(self):
         return None if self.spec is None else SpecConfig(*self.spec)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("JSPEC_CACHE_DIR", Path.home() / ".cache" / "jspec"))
 
 
 def fingerprint(paths) -> str:

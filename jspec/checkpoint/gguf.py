@@ -22,6 +22,7 @@ import numpy as np
 
 from jspec.checkpoint.common import (CheckpointError, Progress, check_shape, expected_shapes,
                                      no_progress, to_param, unflatten, with_dtype)
+from jspec.checkpoint.gguf_meta import field
 from jspec.config import ConfigError, LlamaConfig, RopeConfig
 from jspec.target import Target
 
@@ -109,19 +110,6 @@ def _check_extent(p: Path, reader) -> None:
         if end > size or t.data.nbytes != int(t.n_bytes):
             raise CheckpointError(
                 f"{p}: truncated: tensor {t.name!r} needs bytes up to {end}, the file has {size}")
-
-
-def field(reader, key: str, default=None, *, required: bool = False):
-    """A metadata value as Python data (strings decoded, arrays as lists)."""
-    f = reader.fields.get(key)
-    if f is None:
-        if required:
-            raise CheckpointError(f"{reader.path}: GGUF metadata has no field {key!r}")
-        return default
-    try:
-        return f.contents()
-    except (ValueError, IndexError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{reader.path}: GGUF field {key!r} is malformed ({e})") from e
 
 
 def gguf_config(reader, dtype=None) -> LlamaConfig:

@@ -17,7 +17,7 @@ a special added token (never split, dropped by ``decode``), 4 = user-defined a p
 from __future__ import annotations
 
 from jspec.checkpoint.common import CheckpointError
-from jspec.checkpoint.gguf import field
+from jspec.checkpoint.gguf_meta import field
 from jspec.tokenizer import HFTokenizer
 
 CONTROL, USER_DEFINED = 3, 4

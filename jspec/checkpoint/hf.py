@@ -257,7 +257,9 @@ def load_hf_config(path: str | os.PathLike, dtype=None) -> LlamaConfig:
 
 def load_hf(path: str | os.PathLike, dtype=None, progress: Progress | None = None,
             mesh=None) -> Target:
-    """Load an HF Llama directory. A ``tokenizer.json`` or ``tok*.bin`` beside it is loaded.
+    """Load an HF Llama directory. A ``tokenizer.json`` or ``tok*.bin`` beside it is loaded,
+    a ``tokenizer.json`` with the chat template and special tokens of ``chat_template.jinja``
+    and ``tokenizer_config.json`` (:func:`jspec.tokenizer.read_chat_files`).
     ``mesh``: read each tensor slice-wise straight into its sharding on the mesh
     (:func:`sharded_params`), never the whole tensor on the host."""
     cfg = load_hf_config(path, dtype)

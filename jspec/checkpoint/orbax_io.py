@@ -1,5 +1,8 @@
 """jspec's own checkpoint directory: ``jspec_config.json`` + Orbax params + tokenizer file.
 
+An HF tokenizer's chat template and special tokens are written beside its ``tokenizer.json``
+(``chat_template.jinja``, ``tokenizer_config.json``) by its ``save`` and read back by its loader.
+
 The directory is assembled in a hidden sibling and renamed into place, so a reader never
 sees a half-written checkpoint and a failed conversion leaves nothing behind.
 """

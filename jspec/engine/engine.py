@@ -40,7 +40,7 @@ import numpy as np
 
 from jspec import kv_cache as kvc
 from jspec.engine.pages import PagePool
-from jspec.engine.requests import Completion, Delta, Request
+from jspec.engine.requests import Completion, Delta, Request, prompt_ids
 from jspec.engine.buckets import bucket_of, buckets_for, prompt_buckets
 from jspec.engine.policy import Policy, mode_label
 from jspec.engine.programs import PLAIN, Programs
@@ -181,14 +181,7 @@ class Engine:
         req = r if isinstance(r, Request) else Request(prompt=r)
         if req.id is None:
             req = dataclasses.replace(req, id=index)
-        p = req.prompt
-        if isinstance(p, str):
-            if self.target.tokenizer is None:
-                raise ValueError(f"request {req.id}: a text prompt needs a target with a "
-                                 f"tokenizer; pass token ids instead")
-            ids = self.target.tokenizer.encode(p)
-        else:
-            ids = [int(t) for t in p]
+        req, ids = prompt_ids(req, self.target)
         check_prompt(ids, self.target.config.vocab_size, req.id)
         n = self.max_new_tokens if req.max_new_tokens is None else int(req.max_new_tokens)
         if not 0 <= n <= self.max_new_tokens:

@@ -8,22 +8,47 @@ from typing import Any, Sequence
 
 import jax
 
+from jspec import messages
+
 
 @dataclasses.dataclass
 class Request:
-    """One request. ``prompt``: text (needs a tokenizer) or token ids. ``max_new_tokens``:
+    """One request. ``prompt``: text (needs a tokenizer) or token ids; or ``messages``
+    instead: a chat (``[{"role", "content"}, ...]``) rendered through the target's chat
+    template when the request is admitted, its ``stop_ids`` defaulting to the template's
+    end-of-turn ids and the EOS (:mod:`jspec.messages`). ``max_new_tokens``:
     None for the engine's default. ``key`` or ``seed`` drives its samples: the key is
     ``jax.random.split(jax.random.key(seed), 1)[0]``, the row key ``generate([prompt],
     seed=seed)`` uses, so a request samples as that call does (plain decoding); with
     neither, seed 0. ``stop_ids``: None for the config's EOS ids. ``id``: anything, handed
     back (default: its position in the stream)."""
 
-    prompt: Any
+    prompt: Any = None
     max_new_tokens: int | None = None
     seed: int | None = None
     key: jax.Array | None = None
     stop_ids: Sequence[int] | None = None
     id: Any = None
+    messages: list[dict] | None = None
+
+
+def prompt_ids(req: Request, target) -> tuple[Request, list[int]]:
+    """``(req, its prompt ids)``: text encoded, messages rendered (and their stop ids
+    filled in), ids as ints. The one place a request becomes ids."""
+    p = req.prompt
+    if (p is None) == (req.messages is None):
+        raise ValueError(f"request {req.id}: give a prompt or messages (exactly one)")
+    if req.messages is not None:
+        ids = messages.render(target, req.messages, who=f"request {req.id}")
+        if req.stop_ids is None:
+            req = dataclasses.replace(req, stop_ids=messages.stop_ids(target))
+        return req, ids
+    if isinstance(p, str):
+        if target.tokenizer is None:
+            raise ValueError(f"request {req.id}: a text prompt needs a target with a "
+                             f"tokenizer; pass token ids instead")
+        return req, target.tokenizer.encode(p)
+    return req, [int(t) for t in p]
 
 
 @dataclasses.dataclass

@@ -1,16 +1,19 @@
 """``python -m jspec run``: a dataset of requests through the engine, resumable.
 
-Input: JSON lines, one request each: ``id``, ``prompt`` (text) or ``prompt_ids``, and
-optional ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``seed`` and ``stop`` (a
-list of token ids, or of strings that are one token each; multi-token stop strings are
-refused). Missing fields take the command's flags.
+Input: JSON lines, one request each: ``id``, ``prompt`` (text) or ``prompt_ids``, or
+``messages`` (a chat, ``[{"role": "user", "content": "..."}]``, rendered through the model's
+chat template with the assistant's header appended; it stops at the template's end-of-turn
+token unless ``stop`` says otherwise), and optional ``max_new_tokens``, ``temperature``,
+``top_k``, ``top_p``, ``seed`` and ``stop`` (a list of token ids, or of strings that are one
+token each; multi-token stop strings are refused). Missing fields take the command's flags.
 
 Output: JSON lines appended as requests finish, each written and flushed whole: ``id``,
 ``line`` (of the input, 1-based), ``text``, ``token_ids``, ``new_tokens``,
 ``mean_accept_len``, ``iterations``, ``stop_reason``, ``latency_s``. A bad record (bad JSON,
-no prompt, a duplicate id, ids outside the vocabulary, a prompt the model cannot hold) is
-reported on stderr with its line and id, and written as ``{"id", "line", "error"}``
-(``--on-error write``, the default) or left out (``skip``); the run goes on.
+no prompt, malformed messages or a model without a chat template, a duplicate id, ids
+outside the vocabulary, a prompt the model cannot hold) is reported on stderr with its line
+and id, and written as ``{"id", "line", "error"}`` (``--on-error write``, the default) or
+left out (``skip``); the run goes on.
 
 Resuming: rerunning the same command reads the output first, drops a cut last line (a
 ``kill -9`` mid-write), and skips every id already there (and every line, for error records
@@ -123,6 +126,7 @@ def _key(x) -> str:
 
 def parse(text: str, line: int, target, args) -> Record:
     """One input line -> a :class:`Record` (``error`` set when it cannot be served)."""
+    from jspec import messages
     from jspec.plan import check_prompt
 
     rec = Record(line)
@@ -137,14 +141,19 @@ def parse(text: str, line: int, target, args) -> Record:
     try:
         if rec.id is None:
             raise ValueError("no id")
-        if "prompt_ids" in d:
+        if "messages" in d:
+            if "prompt" in d or "prompt_ids" in d:
+                raise ValueError("give one of 'messages', 'prompt' and 'prompt_ids'")
+            rec.ids = messages.render(target, d["messages"])
+            rec.stop = messages.stop_ids(target)      # unless the record's "stop" says
+        elif "prompt_ids" in d:
             rec.ids = [int(t) for t in d["prompt_ids"]]
         elif isinstance(d.get("prompt"), str):
             if target.tokenizer is None:
                 raise ValueError("a text prompt needs a model with a tokenizer")
             rec.ids = target.tokenizer.encode(d["prompt"])
         else:
-            raise ValueError("no prompt (give 'prompt' text or 'prompt_ids')")
+            raise ValueError("no prompt (give 'prompt' text, 'prompt_ids' or 'messages')")
         check_prompt(rec.ids, target.config.vocab_size, rec.id)
         rec.max_new = int(d.get("max_new_tokens", args.max_new_tokens))
         if not 0 <= rec.max_new <= args.max_new_cap:
