@@ -15,7 +15,6 @@ from pathlib import Path
 from jspec.args import add_kernels_arg, add_prefill_chunk_arg, load_drafter_arg, parse_ids  # noqa: F401 (re-exported)
 from jspec.args import add_process_args, parse_mesh
 from jspec.fetch import resolve_model
-from jspec.shipped import DRAFTER_ORDER
 
 
 def add_generate_args(p: argparse.ArgumentParser) -> None:
@@ -210,37 +209,6 @@ def stream_generate(args, target, prompts, drafter, spec) -> int:
     return 0
 
 
-def add_demo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None,
-                   help="default: checkpoints/default/target, else stories260K")
-    p.add_argument("--prompt", default=None, help="default: 'import os\\n' for the shipped "
-                   "model (it writes Python), 'Once upon a time' otherwise")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--drafter", default=None, choices=DRAFTER_ORDER,
-                   help="calibrate this shipped drafter only (default: all of them)")
-    p.add_argument("--extra-drafter", action="append", default=[], metavar="NAME=DIR",
-                   help="also calibrate the drafter saved in DIR under NAME (repeatable): "
-                   "e.g. your own head beside the shipped one, before and after in one run")
-    p.add_argument("--recalibrate", action="store_true",
-                   help="measure the drafter/tree pick again instead of reading the stored one")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="warm plain/speculative pairs timed; the best of each is reported")
-    p.add_argument("--no-compile-cache", dest="compile_cache", action="store_false",
-                   help="do not keep compiled programs in ~/.cache/jspec/xla")
-    add_kernels_arg(p)
-
-
-def run_demo(args) -> int:
-    """Speculative generation with the shipped model; see :mod:`jspec.demo`."""
-    from jspec import demo
-    if args.max_new_tokens < 1 or args.repeats < 1:
-        raise ValueError("--max-new-tokens and --repeats must be >= 1")
-    return demo.run(args.model, args.prompt, args.max_new_tokens, recalibrate=args.recalibrate,
-                    repeats=args.repeats, drafter_kind=args.drafter, kernels=args.kernels,
-                    compile_cache=args.compile_cache,
-                    extra_drafters=demo.parse_extra(args.extra_drafter))
-
-
 def add_tune_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="HF directory, jspec Orbax directory or llama2.c .bin")
@@ -362,7 +330,8 @@ def _lazy(module: str, name: str):
 
 
 COMMANDS = {
-    "demo": (add_demo_args, run_demo, "generate with the default model"),
+    "demo": (_lazy("jspec.demo_cli", "add_args"), _lazy("jspec.demo_cli", "run"),
+             "SmolLM2 answers a chat message, plain vs speculative"),
     "generate": (add_generate_args, run_generate, "generate text or token ids"),
     "chat": (_lazy("jspec.chat_cli", "add_args"), _lazy("jspec.chat_cli", "run"),
              "talk with an instruct model in the terminal, streamed, multi-turn"),

@@ -1,7 +1,8 @@
 """SmolLM2-135M-Instruct, the real model a user starts with, loaded from its GGUF: jspec's greedy
 output equals transformers' on the same file (``tests/data/smollm2_golden.json``, made by
 ``tests/data/make_smollm2_golden.py``) for chat-formatted and plain prompts, 96 tokens each,
-through ``generate``, the engine and the dataset runner, plain and with a random EAGLE-3 head.
+through ``generate``, the engine and the dataset runner, plain and with a random EAGLE-3 head
+(in one subprocess: ``tests/helpers/smollm2_paths.py``).
 
 The model comes from ``python -m jspec models fetch smollm2`` (``.ci/run`` fetches it first;
 cached). Without it, and without network to fetch it, the module skips.
@@ -9,46 +10,36 @@ cached). Without it, and without network to fetch it, the module skips.
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import jspec
-from jspec.drafters import random_drafter
-from jspec.spec_config import SpecConfig
 
-GOLDEN = json.loads((Path(__file__).parents[1] / "data" / "smollm2_golden.json").read_text())
+GOLDEN_FILE = Path(__file__).parents[1] / "data" / "smollm2_golden.json"
+GOLDEN = json.loads(GOLDEN_FILE.read_text())
 ROWS = GOLDEN["rows"]
 N = GOLDEN["new_tokens"]
-# A short chain: a random head is (almost) never right, so every iteration verifies 3 nodes
-# and keeps 1 token; exactness is what is tested here, not speed.
-CHAIN = SpecConfig(2, 1, 3)
+# The suite's compile-time shortcuts (tests/conftest.py), left out of the subprocess.
+SUITE_ONLY_FLAGS = ("--xla_backend_optimization_level", "--xla_llvm_disable_expensive_passes",
+                    "--xla_cpu_use_fusion_emitters")
+
+
+def fetch_path() -> Path:
+    from jspec.fetch import FetchError, fetch
+    try:
+        return fetch("smollm2")
+    except FetchError as e:
+        pytest.skip(f"SmolLM2 not cached and cannot be fetched: {e}")
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from jspec.fetch import FetchError, fetch
-    try:
-        path = fetch("smollm2")
-    except FetchError as e:
-        pytest.skip(f"SmolLM2 not cached and cannot be fetched: {e}")
-    return jspec.load_target(path)
-
-
-@pytest.fixture(scope="module")
-def eagle3(smollm2):
-    import jax
-    return random_drafter("eagle3", smollm2.config, jax.random.key(3))
-
-
-def prompts():
-    return [r["prompt_ids"] for r in ROWS]
-
-
-def wanted():
-    return [r["tokens"] for r in ROWS]
+    return jspec.load_target(fetch_path())
 
 
 def test_config_and_prompt_ids(smollm2):
@@ -68,43 +59,27 @@ def test_config_and_prompt_ids(smollm2):
     assert tok.end_of_turn_ids == (2,)
 
 
-@pytest.mark.parametrize("drafted", [False, True], ids=["plain", "eagle3"])
-def test_generate_equals_transformers(smollm2, eagle3, drafted):
-    kw = {"drafter": eagle3, "spec": CHAIN} if drafted else {}
-    out = jspec.generate(smollm2, prompts(), max_new_tokens=N, stop_ids=[], **kw)
-    for r, toks in zip(ROWS, out.tokens):
-        assert list(toks) == r["tokens"], (r.get("text") or r["messages"][-1]["content"],
-                                           f"min top-2 gap {r['min_top2_gap']:.4f}")
+@pytest.fixture(scope="module")
+def paths(smollm2, tmp_path_factory):
+    """Every path's tokens, from one subprocess compiled with XLA's full optimisation
+    (``tests/helpers/smollm2_paths.py`` says why)."""
+    out = tmp_path_factory.mktemp("smollm2") / "paths.json"
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if not f.startswith(SUITE_ONLY_FLAGS))
+    script = Path(__file__).parents[1] / "helpers" / "smollm2_paths.py"
+    p = subprocess.run([sys.executable, str(script), str(fetch_path()), str(GOLDEN_FILE),
+                        str(out)], env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("drafted", [False, True], ids=["plain", "eagle3"])
-def test_engine_equals_transformers(smollm2, eagle3, drafted):
-    from jspec.engine import Engine, Request
-    kw = {"drafter": eagle3, "spec": CHAIN} if drafted else {}
-    eng = Engine(smollm2, slots=2, max_new_tokens=N, **kw)
-    reqs = [Request(r["prompt_ids"], N, stop_ids=[], id=i) for i, r in enumerate(ROWS)]
-    assert [c.tokens for c in eng.generate(reqs)] == wanted()
-
-
-def test_runner_equals_transformers(smollm2, tmp_path):
-    """``python -m jspec run`` (in process) with ``messages`` records and text prompts, a random
-    EAGLE-3 head: each record's tokens equal transformers'."""
-    from jspec.engine import runner
-    lines = []
-    for i, r in enumerate(ROWS):
-        rec = {"id": i, "max_new_tokens": N, "stop": []}
-        rec.update({"messages": r["messages"]} if "messages" in r else {"prompt": r["text"]})
-        lines.append(json.dumps(rec))
-    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
-    p = argparse.ArgumentParser()
-    runner.add_args(p)
-    args = p.parse_args(["--model", "smollm2", "--drafter", "random:eagle3",
-                         "--spec", "2,1,3", "--input", str(tmp_path / "in.jsonl"),
-                         "--output", str(tmp_path / "out.jsonl"), "--slots", "2",
-                         "--no-progress"])
-    assert runner.run(args, target=smollm2) == 0
-    out = {r["id"]: r for r in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
-    assert [out[i]["token_ids"] for i in range(len(ROWS))] == wanted()
+@pytest.mark.parametrize("path", ["generate-plain", "generate-eagle3", "engine-plain",
+                                  "engine-eagle3", "runner-eagle3"])
+def test_equals_transformers(paths, path):
+    for r, toks in zip(ROWS, paths[path]):
+        assert toks == r["tokens"], (path, r.get("text") or r["messages"][-1]["content"],
+                                     f"min top-2 gap {r['min_top2_gap']:.4f}")
 
 
 def test_transformers_live(smollm2):
@@ -116,8 +91,7 @@ def test_transformers_live(smollm2):
     import make_smollm2_golden as mk
     import torch
     import transformers
-    from jspec.fetch import fetch
-    path = fetch("smollm2")
+    path = fetch_path()
     model = transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     with torch.no_grad():

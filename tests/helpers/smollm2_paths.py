@@ -1,0 +1,74 @@
+"""Greedy tokens of the SmolLM2 golden prompts through every serving path, for
+``tests/checkpoint/test_smollm2.py``; run in a subprocess with XLA's full optimisation.
+
+The suite compiles with LLVM's optimisations off (``tests/conftest.py``), which is right for its
+tiny models and wrong for a 135M one: a SmolLM2 decode step takes ~13x longer that way. This
+script runs the five paths (``generate``, the engine and the dataset runner; plain and with a
+random EAGLE-3 head) in one process and writes their tokens as JSON.
+
+Run:  python tests/helpers/smollm2_paths.py GGUF GOLDEN OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+# A short chain: a random head is (almost) never right, so every iteration verifies 3 nodes
+# and keeps 1 token; exactness is what is tested, not speed.
+CHAIN = (2, 1, 3)
+SLOTS = 2          # fewer slots than prompts: the engine refills slots as rows finish
+
+
+def run_paths(model: str, rows: list[dict], n: int) -> dict[str, list[list[int]]]:
+    import jax
+
+    import jspec
+    from jspec.drafters import random_drafter
+    from jspec.engine import Engine, Request, runner
+    from jspec.spec_config import SpecConfig
+
+    target = jspec.load_target(model)
+    eagle3 = random_drafter("eagle3", target.config, jax.random.key(3))
+    spec = SpecConfig(*CHAIN)
+    prompts = [r["prompt_ids"] for r in rows]
+    out = {}
+    for name, kw in (("plain", {}), ("eagle3", {"drafter": eagle3, "spec": spec})):
+        res = jspec.generate(target, prompts, max_new_tokens=n, stop_ids=[], **kw)
+        out[f"generate-{name}"] = [list(map(int, t)) for t in res.tokens]
+        eng = Engine(target, slots=SLOTS, max_new_tokens=n, **kw)
+        done = eng.generate([Request(p, n, stop_ids=[], id=i) for i, p in enumerate(prompts)])
+        out[f"engine-{name}"] = [c.tokens for c in done]
+    # The runner reads records: chat rows as messages (rendered by jspec's template), text rows
+    # as text (encoded by jspec's tokenizer), so this path also checks both against the golden.
+    with tempfile.TemporaryDirectory() as d:
+        lines = []
+        for i, r in enumerate(rows):
+            rec = {"id": i, "max_new_tokens": n, "stop": []}
+            rec.update({"messages": r["messages"]} if "messages" in r else {"prompt": r["text"]})
+            lines.append(json.dumps(rec))
+        (Path(d) / "in.jsonl").write_text("\n".join(lines) + "\n")
+        p = argparse.ArgumentParser()
+        runner.add_args(p)
+        args = p.parse_args(["--model", model, "--drafter", "random:eagle3",
+                             "--spec", ",".join(map(str, CHAIN)), "--input",
+                             str(Path(d) / "in.jsonl"), "--output", str(Path(d) / "out.jsonl"),
+                             "--slots", str(SLOTS), "--no-progress"])
+        assert runner.run(args, target=target) == 0
+        recs = {r["id"]: r for r in map(json.loads, (Path(d) / "out.jsonl").read_text().splitlines())}
+        out["runner-eagle3"] = [recs[i]["token_ids"] for i in range(len(rows))]
+    return out
+
+
+def main(argv=None) -> int:
+    model, golden, dst = (argv if argv is not None else sys.argv[1:])
+    doc = json.loads(Path(golden).read_text())
+    Path(dst).write_text(json.dumps(run_paths(model, doc["rows"], doc["new_tokens"])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
