@@ -159,6 +159,41 @@ def test_llama3_style_gguf(tmp_path):
         assert t.decode(want) == hf_tok.decode(want, skip_special_tokens=True)
 
 
+CHATML = ("{% for m in messages %}{{ '<|begin_of_text|>' if loop.first }}{{ m['role'] }}: "
+          "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}assistant: "
+          "{% endif %}")
+
+
+@pytest.mark.parametrize("to", ["orbax", "hf"])
+def test_convert_gguf(tmp_path, to):
+    """``python -m jspec.convert model.gguf DST [--to hf]``: the converted copy has the same
+    weights, config, tokenizer and chat template; DST is written whole (no stray files)."""
+    from jspec.convert import main
+    hf_tok = _llama3_hf_tokenizer()
+    meta = hf_bpe_tokenizer_meta(json.loads(hf_tok.to_str()), "llama-bpe",
+                                 ("<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"))
+    meta.update({"tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1,
+                 "tokenizer.chat_template": CHATML})
+    V = hf_tok.get_vocab_size()
+    cfg = QCFG.replace(vocab_size=V, hidden_size=64, intermediate_size=96, head_dim=16)
+    f = tmp_path / "m.gguf"
+    write_llama_gguf(f, cfg, _random_state_dict(cfg), meta, qtype=Q.Q8_0)
+    dst = tmp_path / "out"
+    assert main([str(f), str(dst), "--to", to]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "out"]
+    a, b = load_target(f), load_target(dst)
+    assert a.config == b.config
+    for path, arr in flatten(a.params).items():
+        np.testing.assert_array_equal(np.asarray(flatten(b.params)[path]), np.asarray(arr))
+    msgs = [{"role": "user", "content": "Le caf\u00e9 <|eot_id|> 123"}]
+    assert a.tokenizer.apply_chat_template(msgs, add_generation_prompt=True) == \
+        b.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+    assert a.tokenizer.end_of_turn_ids == b.tokenizer.end_of_turn_ids == (2, 1)
+    for text in MULTILINGUAL:
+        assert a.tokenizer.encode(text) == b.tokenizer.encode(text)
+    assert main([str(f), str(dst), "--to", to]) == 2            # exists: refused, untouched
+
+
 def test_smollm_splits_digits_one_by_one(tmp_path):
     """``smollm`` (like llama.cpp, and SmolLM's own tokenizer.json) splits every digit before
     merging: a merge "1 2" in the vocabulary is never used; ``gpt-2`` does use it."""

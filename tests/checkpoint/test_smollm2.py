@@ -75,7 +75,7 @@ def paths(smollm2, tmp_path_factory):
 
 
 @pytest.mark.parametrize("path", ["generate-plain", "generate-eagle3", "engine-plain",
-                                  "engine-eagle3", "runner-eagle3"])
+                                  "engine-eagle3", "runner-plain", "runner-eagle3"])
 def test_equals_transformers(paths, path):
     for r, toks in zip(ROWS, paths[path]):
         assert toks == r["tokens"], (path, r.get("text") or r["messages"][-1]["content"],

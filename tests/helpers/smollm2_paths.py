@@ -3,7 +3,7 @@
 
 The suite compiles with LLVM's optimisations off (``tests/conftest.py``), which is right for its
 tiny models and wrong for a 135M one: a SmolLM2 decode step takes ~13x longer that way. This
-script runs the five paths (``generate``, the engine and the dataset runner; plain and with a
+script runs the six paths (``generate``, the engine and the dataset runner; plain and with a
 random EAGLE-3 head) in one process and writes their tokens as JSON.
 
 Run:  python tests/helpers/smollm2_paths.py GGUF GOLDEN OUT
@@ -28,7 +28,7 @@ def run_paths(model: str, rows: list[dict], n: int) -> dict[str, list[list[int]]
 
     import jspec
     from jspec.drafters import random_drafter
-    from jspec.engine import Engine, Request, runner
+    from jspec.engine import Engine, Request
     from jspec.spec_config import SpecConfig
 
     target = jspec.load_target(model)
@@ -44,23 +44,30 @@ def run_paths(model: str, rows: list[dict], n: int) -> dict[str, list[list[int]]
         out[f"engine-{name}"] = [c.tokens for c in done]
     # The runner reads records: chat rows as messages (rendered by jspec's template), text rows
     # as text (encoded by jspec's tokenizer), so this path also checks both against the golden.
+    for name, flags in (("plain", []), ("eagle3", ["--drafter", "random:eagle3", "--spec",
+                                                   ",".join(map(str, CHAIN))])):
+        out[f"runner-{name}"] = run_records(target, model, rows, n, flags)
+    return out
+
+
+def run_records(target, model: str, rows: list[dict], n: int, flags: list[str]) -> list:
+    """``python -m jspec run`` in process over the rows as records; each row's tokens."""
+    from jspec.engine import runner
     with tempfile.TemporaryDirectory() as d:
         lines = []
         for i, r in enumerate(rows):
             rec = {"id": i, "max_new_tokens": n, "stop": []}
             rec.update({"messages": r["messages"]} if "messages" in r else {"prompt": r["text"]})
             lines.append(json.dumps(rec))
-        (Path(d) / "in.jsonl").write_text("\n".join(lines) + "\n")
+        src, dst = Path(d) / "in.jsonl", Path(d) / "out.jsonl"
+        src.write_text("\n".join(lines) + "\n")
         p = argparse.ArgumentParser()
         runner.add_args(p)
-        args = p.parse_args(["--model", model, "--drafter", "random:eagle3",
-                             "--spec", ",".join(map(str, CHAIN)), "--input",
-                             str(Path(d) / "in.jsonl"), "--output", str(Path(d) / "out.jsonl"),
-                             "--slots", str(SLOTS), "--no-progress"])
+        args = p.parse_args(["--model", model, "--input", str(src), "--output", str(dst),
+                             "--slots", str(SLOTS), "--no-progress", *flags])
         assert runner.run(args, target=target) == 0
-        recs = {r["id"]: r for r in map(json.loads, (Path(d) / "out.jsonl").read_text().splitlines())}
-        out["runner-eagle3"] = [recs[i]["token_ids"] for i in range(len(rows))]
-    return out
+        recs = {r["id"]: r for r in map(json.loads, dst.read_text().splitlines())}
+    return [recs[i]["token_ids"] for i in range(len(rows))]
 
 
 def main(argv=None) -> int:

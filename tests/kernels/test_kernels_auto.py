@@ -45,10 +45,10 @@ def test_concrete_modes_pass_through():
 def test_generate_defaults_to_auto():
     import inspect
     import argparse
-    from jspec import cli
+    from jspec import cli, demo_cli
     assert inspect.signature(jspec.generate).parameters["kernels"].default == "auto"
     for add, argv in ((cli.add_generate_args, ["--model", "x", "--prompt", "a"]),
-                      (cli.add_demo_args, [])):
+                      (demo_cli.add_args, [])):
         p = argparse.ArgumentParser()
         add(p)
         assert p.parse_args(argv).kernels == "auto"
