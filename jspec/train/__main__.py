@@ -46,7 +46,9 @@ from jspec.train import train_cli
 
 def _prompts(arg: str, split: str = "train"):
     """``stories-train`` / ``stories-heldout``; a ``.json`` file (a list of prompts, or an
-    object whose ``split`` key holds one: multi-line prompts); else a text file, one per line."""
+    object whose ``split`` key holds one: multi-line prompts; a prompt is text, token ids or a
+    conversation, a list of ``{"role", "content"}`` messages rendered through the target's chat
+    template); else a text file, one per line."""
     from jspec.train import regen
     if arg == "stories-train":
         return regen.story_prompts("train")

@@ -188,7 +188,7 @@ def regenerate_with_runner(target_dir, prompts: Sequence, num_samples: int, out,
     import argparse
     import json
 
-    from jspec import distributed, load_target
+    from jspec import distributed, load_target, messages
     from jspec.engine import runner
 
     if not prompts:
@@ -207,10 +207,11 @@ def regenerate_with_runner(target_dir, prompts: Sequence, num_samples: int, out,
     import jax
 
     target = load_target(target_dir)    # once: the runner serves with it too
-    tok = target.tokenizer
-    ids = [tok.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
-    lines = [json.dumps({"id": i, "prompt_ids": ids[i % len(ids)], "seed": seed + i})
-             for i in range(num_samples)]
+    ids = [prompt_ids(target, p) for p in prompts]
+    # A chat's reply ends at the template's end of turn, whatever the model's EOS.
+    stops = [{"stop": messages.stop_ids(target)} if is_chat(p) else {} for p in prompts]
+    lines = [json.dumps({"id": i, "prompt_ids": ids[i % len(ids)], "seed": seed + i,
+                         **stops[i % len(ids)]}) for i in range(num_samples)]
     text = "\n".join(lines) + "\n"
     if not requests.exists() or requests.read_text() != text:
         if results.exists():
@@ -236,6 +237,22 @@ def regenerate_with_runner(target_dir, prompts: Sequence, num_samples: int, out,
     plens = [len(ids[i % len(ids)]) for i in range(num_samples)]
     save_sequences(out, seqs, plens)
     return seqs, plens
+
+
+def is_chat(prompt) -> bool:
+    """A conversation (a list of message dicts), not text or token ids."""
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], dict)
+
+
+def prompt_ids(target, prompt) -> list[int]:
+    """A prompt's ids: text encoded by the target's tokenizer, a conversation rendered through
+    its chat template (with the assistant's header), token ids as they are."""
+    from jspec import messages
+    if isinstance(prompt, str):
+        return target.tokenizer.encode(prompt)
+    if is_chat(prompt):
+        return messages.render(target, prompt)
+    return [int(t) for t in prompt]
 
 
 def save_sequences(path, seqs: Sequence[np.ndarray], prompt_lens: Sequence[int] | None = None):

@@ -45,3 +45,23 @@ def test_regen_through_the_runner(tmp_path):
     g2, _ = _regen(tmp_path / "g.npz", 2, 0.0)                       # a rerun: nothing redone
     assert (tmp_path / "g.npz.results.jsonl").read_text() == before
     assert all(np.array_equal(x, y) for x, y in zip(g, g2))
+
+
+def test_regen_renders_conversations(tmp_path):
+    """A conversation prompt is rendered through the target's chat template (the assistant's
+    header appended) and its reply stops at the template's end of turn; greedy samples equal
+    ``jspec.chat``'s replies."""
+    from helpers.chat_targets import chat_target
+    from jspec import messages
+    from jspec.checkpoint import save_orbax
+    target = chat_target()
+    save_orbax(target, tmp_path / "t")
+    convs = [[{"role": "user", "content": "hi there"}],
+             [{"role": "system", "content": "be brief."}, {"role": "user", "content": "why?"}]]
+    seqs, plens = regen.regenerate_with_runner(
+        tmp_path / "t", convs, 3, tmp_path / "s.npz", max_new_tokens=10, temperature=0.0,
+        runner_args=["--slots", "2", "--no-progress"])
+    want = jspec.chat(target, convs, max_new_tokens=10)
+    for i in range(3):
+        assert list(seqs[i][:plens[i]]) == messages.render(target, convs[i % 2])
+        assert list(seqs[i][plens[i]:]) == list(want.result.tokens[i % 2])
