@@ -15,6 +15,12 @@ DRAM once, so its floor is ``weight bytes / DRAM read bandwidth``. This measures
 
 The report: bandwidth, bytes per token, the floor ``bytes / bandwidth``, the measured step and
 the fraction ``floor / step`` (1.0 = at the floor).
+
+Why bf16 weights decode slower than fp32 on XLA:CPU: its compiled product of an activation row
+with a bf16 weight first converts the whole weight to an f32 copy (a ``convert`` fusion of the
+``bf16[K, N]`` parameter) and then runs the f32 dot on the copy, so a weight costs 2 bytes read
++ 4 written + 4 read instead of 4 read. ``bf16_product`` shows it: the LM head's product in
+both dtypes, its HLO checked for that convert and both timed side by side.
 """
 
 from __future__ import annotations
@@ -60,6 +66,28 @@ def read_bandwidth(mib: int, repeats: int) -> dict[str, float]:
     return out
 
 
+def bf16_product(K: int, N: int, repeats: int) -> dict:
+    """The ``[1, K] x [K, N]`` product with f32 and with bf16 operands (f32 accumulation, as the
+    model runs it): best seconds of each (interleaved), and whether XLA converts the bf16
+    weight to f32 before the dot."""
+    import jax
+    import jax.numpy as jnp
+    w32 = jnp.asarray(np.random.default_rng(0).standard_normal((K, N), dtype=np.float32))
+    f = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32))
+    args = {d: (jnp.ones((1, K), d), w32.astype(d)) for d in ("float32", "bfloat16")}
+    best = {d: float("inf") for d in args}
+    for d, a in args.items():
+        f(*a).block_until_ready()
+    for _ in range(repeats * 4):
+        for d, a in args.items():
+            t0 = time.perf_counter()
+            f(*a).block_until_ready()
+            best[d] = min(best[d], time.perf_counter() - t0)
+    hlo = f.lower(*args["bfloat16"]).compile().as_text()
+    converts = any(f"f32[{K},{N}]" in line and "convert(" in line for line in hlo.splitlines())
+    return {"seconds": best, "converts_weight": converts}
+
+
 def step_bytes(target, mean_pos: float) -> int:
     import jax
     cfg = target.config
@@ -88,6 +116,15 @@ def main(a) -> None:
     print(f"DRAM read bandwidth, a {a.buffer_mib} MiB buffer, best of {a.repeats}:")
     for k, v in bw.items():
         print(f"  {k:<18} {v / 1e9:6.2f} GB/s")
+    cfg_k, cfg_n = 576, 49152          # SmolLM2's LM head; the point is the same for any weight
+    prod = bf16_product(cfg_k, cfg_n, a.repeats)
+    print(f"\n[1, {cfg_k}] x [{cfg_k}, {cfg_n}] product (an LM head), best of {a.repeats * 4}, "
+          "interleaved:")
+    for d, t in prod["seconds"].items():
+        nbytes = cfg_k * cfg_n * (4 if d == "float32" else 2)
+        print(f"  {d:<9} weights: {t * 1e3:6.2f} ms ({nbytes / t / 1e9:5.1f} GB/s of weights)")
+    print(f"  XLA:CPU converts the bf16 weight to an f32 copy before the dot: "
+          f"{'yes' if prod['converts_weight'] else 'no'}")
     path = resolve_model(a.model)
     rows = []
     for dtype in a.dtype or ["float32", "bfloat16"]:
