@@ -1,0 +1,70 @@
+"""``python -m jspec.bench verify-cost``: what verifying N draft nodes costs against one plain
+step, ``t_V(N) / t_1`` for N = 1..64, at batch 1 and 8, on one or more targets.
+
+Speculation pays when ``accept length / (t_V/t_1 + S c)`` exceeds 1, so this curve is where
+it can pay at all. A step of a model whose weights overflow the last-level cache (SmolLM2:
+540 MB of fp32 against a 32 MB L3) streams them from DRAM, and a few more tokens ride along
+almost free until arithmetic takes over; a model that sits in the cache (the shipped 6.7M
+one, 27 MB) pays for every token's arithmetic from the start. Each N is a chain of N nodes
+with the tree mask, against a KV prefix of ``--context`` positions (the verify the loop runs;
+:func:`jspec.bench.spec_simulate.micro_costs`, every variant timed alternately, medians).
+"""
+
+from __future__ import annotations
+
+from jspec.bench.registry import Command, run_module
+
+NODES = (2, 4, 8, 16, 32, 64)
+
+
+def add_args(s) -> None:
+    s.add_argument("--model", action="append", default=None,
+                   help="fetchable names or paths (repeatable; default: smollm2 and default)")
+    s.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    s.add_argument("--nodes", type=int, nargs="+", default=list(NODES))
+    s.add_argument("--context", type=int, default=256, help="KV prefix positions")
+    s.add_argument("--repeats", type=int, default=10)
+
+
+def curve(target, batches, nodes, context, repeats) -> dict[int, dict]:
+    from jspec.bench.spec_simulate import micro_costs
+    from jspec.spec_config import SpecConfig
+    specs = [SpecConfig.chain(n - 1) for n in nodes]
+    out = {}
+    for b in batches:
+        c = micro_costs(target, context, repeats, specs=specs, batch=b)
+        out[b] = {"t_1 ms": c["t_1 ms"],
+                  **{n: c["specs"][f"{n - 1},1,{n}"]["t_V/t_1"] for n in nodes}}
+    return out
+
+
+def main(a) -> None:
+    import jspec
+    from jspec.fetch import resolve_model
+    from jspec.shipped import default_model
+    models = a.model or ["smollm2", "default"]
+    rows = []
+    for name in models:
+        path = default_model() if name == "default" else resolve_model(name)
+        target = jspec.load_target(path)
+        cfg = target.config
+        label = f"{name} ({cfg.num_layers}L, hidden {cfg.hidden_size})"
+        for b, r in curve(target, a.batch, a.nodes, a.context, a.repeats).items():
+            rows.append((label, b, r))
+        del target
+    print(f"t_V(N) / t_1: a verify of N chain nodes against one plain step (context "
+          f"{a.context}, medians of {a.repeats})")
+    head = f"{'target':<28} {'batch':>5} {'t_1 ms':>7} " + " ".join(f"{'N=' + str(n):>6}"
+                                                                   for n in a.nodes)
+    print(head)
+    for label, b, r in rows:
+        print(f"{label:<28} {b:>5} {r['t_1 ms']:>7.2f} " + " ".join(f"{r[n]:>6.2f}"
+                                                                   for n in a.nodes))
+
+
+COMMAND = Command("verify-cost", "t_V(N)/t_1 for N = 2..64 at batch 1 and 8: where verifying "
+                  "stops riding along with the weight stream", add_args, main,
+                  description=__doc__)
+
+if __name__ == "__main__":
+    run_module(COMMAND)
