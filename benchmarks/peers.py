@@ -149,7 +149,8 @@ def shipped_drafters(model: str) -> list[str]:
     return [f"{p.name}={p}" for p in sorted(d.iterdir()) if p.is_dir() and any(p.iterdir())]
 
 
-def jspec_modes(target, drafters: Sequence[str], max_new: int, stop: Sequence[int]) -> list[Mode]:
+def jspec_modes(target, drafters: Sequence[str], max_new: int,
+                stop: Sequence[int]) -> list[Mode]:
     """jspec plain and speculative ``generate`` with each ``NAME=SPEC[@S,K,N]`` drafter."""
     import jspec
     from jspec.args import load_drafter_arg
@@ -194,7 +195,8 @@ def transformers_load(path: str, threads: int):
     return model
 
 
-def transformers_modes(model, max_new: int, stop: Sequence[int], lookup: Sequence[int]) -> list[Mode]:
+def transformers_modes(model, max_new: int, stop: Sequence[int],
+                       lookup: Sequence[int]) -> list[Mode]:
     """transformers plain greedy ``generate`` and its prompt lookup (one mode per K), a
     forward hook counting the target's passes."""
     import torch
@@ -341,6 +343,22 @@ def by_category(modes: Sequence[Mode], records: Sequence[dict]) -> tuple[list[st
     return ["system", "mode"] + cats, rows
 
 
+def busy_note(threads: int, threshold: float = 1.0) -> str | None:
+    """A warning when other processes load the machine: llama.cpp's and torch's threads wait
+    for each other at spinning barriers, so with ``--threads`` = cores and any other process
+    running, their figures collapse (llama.cpp plain measured 0.7 tok/s beside a background
+    job on this 2-core machine, 116 tok/s on it idle), far more than jspec's."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # pragma: no cover
+        return None
+    if load < threshold:
+        return None
+    return (f"the 1-minute load average is {load:.1f}: llama.cpp and torch spin at barriers "
+            f"across {threads} threads and slow down many times beside other "
+            f"processes; compare systems on an idle machine (or lower --threads)")
+
+
 # --------------------------------------------------------------------------- command
 def add_args(s) -> None:
     s.add_argument("--model", default="smollm2",
@@ -408,6 +426,9 @@ def main(a) -> dict:
                                         stop, a.lookup_tokens)
         except PeerMissing as e:
             notes.append(f"transformers skipped: {e}")
+    busy = busy_note(a.threads) if {"llamacpp", "transformers"} & set(a.peers) else None
+    if busy:
+        notes.append(busy)
     for n in notes:
         print(f"note: {n}")
     if not modes:
