@@ -340,6 +340,8 @@ COMMANDS = {
     "tune": (add_tune_args, run_tune, "pick the tree shape from measured costs and acceptance"),
     "run": (_lazy("jspec.engine.runner", "add_args"), _lazy("jspec.engine.runner", "run"),
             "a JSONL dataset of requests through the serving engine, resumable"),
+    "serve": (_lazy("jspec.serve.cli", "add_args"), _lazy("jspec.serve.cli", "run"),
+              "an OpenAI-compatible HTTP server (completions, chat) over the engine"),
 }
 
 

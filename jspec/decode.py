@@ -3,7 +3,9 @@
 :class:`PlainDecoder` holds only static, hashable settings and is jitted with
 ``static_argnames=('self',)``: two equal decoders share one compiled program, so a
 second ``generate`` call with the same static shapes does not recompile. Every
-per-request value (prompts, lengths, stop ids, limits, keys) is a traced argument.
+per-request value (prompts, lengths, stop ids, limits, keys) is a traced argument; the static
+:class:`~jspec.sampling.SamplingConfig` decides only whether sampling is traced at all, each
+row's settings being runtime values in the state (:mod:`jspec.sampling`).
 
 The decode loop is one ``lax.while_loop`` that stops when every row is done; a row
 is done on a stop id, at its own ``max_new`` limit, or when its KV allocation is
@@ -15,13 +17,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 from jax.sharding import Mesh
 
-from jspec import kernels, kv_cache as kvc, prefill as chunked
+from jspec import kernels, kv_cache as kvc, logprobs, prefill as chunked
 from jspec.config import LlamaConfig
 from jspec.llama import forward, logits as lm_logits
 from jspec.serving_layout import pack_params
@@ -55,9 +58,14 @@ class DecodeState:
     stop_reason: Int["B"]           # one of STOP_REASONS
     row_keys: Key["B"]              # one PRNG key per row: a row samples the same alone or batched
     step: Int[""]
+    # Beside ``tokens`` (jspec.logprobs), with a static ``logprobs_k``; None: none kept.
+    logprobs: Any = None
+    # Each row's settings (runtime values, jspec.sampling.RowSampling); None when the static
+    # config never samples (then an argmax alone is traced).
+    sampling: Any = None
 
 
-def emit_block(s, toks, n, stop_ids, max_new, next_slots: int, finite=None):
+def emit_block(s, toks, n, stop_ids, max_new, next_slots: int, finite=None, lp=None):
     """Append up to ``n [B]`` of ``toks [B, A]`` to every running row of a decode state
     (any state with ``tokens, num_generated, done, stop_reason, cache``), cut at the first
     stop id (which is kept) and at the row's ``max_new``, and mark rows done. A row whose
@@ -65,6 +73,8 @@ def emit_block(s, toks, n, stop_ids, max_new, next_slots: int, finite=None):
     not ``finite [B]`` (its next logits were NaN or inf) stops with ``NONFINITE`` after its
     ``n`` tokens (the callers count only tokens decided by finite logits).
     Shared by plain decoding (one token, one slot) and the speculative driver (a block).
+    ``lp``: the block's :class:`jspec.logprobs.LogprobBuffer` ``[B, A, ...]``, written where
+    the tokens are (when the state keeps logprobs).
     """
     B, A = toks.shape
     live = ~s.done
@@ -75,6 +85,7 @@ def emit_block(s, toks, n, stop_ids, max_new, next_slots: int, finite=None):
     m = jnp.where(live, jnp.minimum(jnp.minimum(n, budget), first_stop), 0)
     dst = jnp.where(j < m[:, None], s.num_generated[:, None] + j, s.tokens.shape[1])
     tokens = s.tokens.at[jnp.arange(B)[:, None], dst].set(toks, mode="drop")
+    s = logprobs.maybe_write(s, dst, lp)
     num = s.num_generated + m
     full = s.cache.lengths + next_slots > s.cache.capacity
     hit = live & (first_stop <= m)
@@ -88,11 +99,13 @@ def emit_block(s, toks, n, stop_ids, max_new, next_slots: int, finite=None):
 
 
 def emit(state: DecodeState, tok: jax.Array, stop_ids: jax.Array, max_new: jax.Array,
-         finite=None) -> DecodeState:
-    """Append ``tok`` to every running row; it becomes the row's next token to feed."""
+         finite=None, lp=None) -> DecodeState:
+    """Append ``tok`` to every running row; it becomes the row's next token to feed.
+    ``lp``: its logprobs (a ``[B, 1, ...]`` block, see :func:`emit_block`)."""
     live = ~state.done
     n = jnp.ones_like(tok) if finite is None else finite.astype(tok.dtype)
-    state = emit_block(state, tok[:, None], n, stop_ids, max_new, next_slots=1, finite=finite)
+    state = emit_block(state, tok[:, None], n, stop_ids, max_new, next_slots=1, finite=finite,
+                       lp=lp)
     return state.replace(last_token=jnp.where(live, tok, state.last_token))
 
 
@@ -110,6 +123,16 @@ class PlainDecoder:
     mesh: Mesh | None = None  # shard the KV pool over KV heads on this mesh
     kernels: str = "reference"  # see jspec.kernels
     prefill_chunk: int | None = None  # tokens per prefill chunk (None: jspec.prefill's default)
+    # Static: each token's logprob and top-k under the target (jspec.logprobs) kept beside
+    # the tokens; None: nothing is computed or stored.
+    logprobs_k: int | None = None
+
+    def token_logprobs(self, logits, tok):
+        """The ``[B, 1, ...]`` logprob block of ``tok [B]`` drawn from ``logits [B, V]``, or
+        None without :attr:`logprobs_k`."""
+        if self.logprobs_k is None:
+            return None
+        return logprobs.of_tokens(logits[:, None], tok[:, None], self.logprobs_k)
 
     def prefill(self, params, prompt, prompt_lens, cache):
         """Run the padded prompt in chunks (:mod:`jspec.prefill`); returns last-position
@@ -151,9 +174,13 @@ class PlainDecoder:
             cache=cache, tokens=jnp.zeros((B, self.max_new_tokens), jnp.int32),
             num_generated=jnp.zeros((B,), jnp.int32), last_token=jnp.zeros((B,), jnp.int32),
             done=max_new <= 0, stop_reason=jnp.where(max_new <= 0, MAX_NEW_TOKENS, RUNNING),
-            row_keys=row_keys, step=jnp.zeros((), jnp.int32))
-        state = emit(state, sample(logits, row_step_keys(state), self.sampling), stop_ids, max_new,
-                     finite_rows(logits))
+            row_keys=row_keys, step=jnp.zeros((), jnp.int32),
+            logprobs=None if self.logprobs_k is None else
+            logprobs.empty(B, self.max_new_tokens, self.logprobs_k),
+            sampling=self.sampling.rows(B))
+        tok = sample(logits, row_step_keys(state), self.sampling, state.sampling)
+        state = emit(state, tok, stop_ids, max_new, finite_rows(logits),
+                     self.token_logprobs(logits, tok))
 
         def cond(s):
             return ~jnp.all(s.done)
@@ -171,5 +198,5 @@ class PlainDecoder:
                                    attention_fn=kernels.attention_fn(self.kernels))
         logits = lm_logits(self.config, params, hidden[:, 0])
         s = s.replace(cache=kvc.advance(cache, live.astype(jnp.int32)), step=s.step + 1)
-        return emit(s, sample(logits, row_step_keys(s), self.sampling), stop_ids, max_new,
-                    finite_rows(logits))
+        tok = sample(logits, row_step_keys(s), self.sampling, s.sampling)
+        return emit(s, tok, stop_ids, max_new, finite_rows(logits), self.token_logprobs(logits, tok))

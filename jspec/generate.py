@@ -37,6 +37,8 @@ class GenerationResult:
     wall_s: float = 0.0              # whole call, including any compilation
     tokens_per_s: float = 0.0        # generated tokens / wall_s
     profile: dict | None = None      # draft / verify / other seconds and shares (profile=True)
+    # generate(logprobs=k): per row, a jspec.logprobs.TokenLogprob per generated token
+    logprobs: list[list] | None = None
 
     def summary(self) -> dict:
         return {"num_rows": len(self.tokens), "new_tokens": sum(map(len, self.tokens)),
@@ -51,7 +53,8 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
              drafter=None,
              spec: SpecConfig | str | None = None,
              forced_accept: float = 0.0, profile: bool = False,
-             kernels: str = "auto", slots: int | None = None) -> GenerationResult:
+             kernels: str = "auto", slots: int | None = None,
+             logprobs: int | None = None) -> GenerationResult:
     """Generate continuations of ``prompts``: with the target alone, or speculatively.
 
     ``prompts``: one prompt or a list; each a string (needs a tokenizer) or token ids.
@@ -91,6 +94,11 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     kernels, an error where they cannot run) or ``"pallas_interpret"`` (the kernels in
     interpret mode, any backend); see :mod:`jspec.kernels`.
 
+    ``logprobs``: None, or k in 0..20: ``result.logprobs`` holds each generated token's
+    logprob and top-k alternatives under the target's raw distribution (:mod:`jspec.logprobs`;
+    with a drafter, from the verify pass's logits). Prompt logprobs:
+    :func:`jspec.scoring.teacher_forced`, or :meth:`jspec.engine.Engine.score`.
+
     ``slots``: with more prompts than this, the prompts run through a
     :class:`jspec.engine.Engine` of that many slots, refilled as rows finish, instead of one
     batch of every prompt; results come back in input order. Without it, they do when one
@@ -112,7 +120,7 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
                                 key=jax.random.key(seed) if key is None else key,
                                 stop_ids=stop_ids, page_size=page_size,
                                 prompt_bucket=prompt_bucket, drafter=drafter, spec=spec,
-                                kernels=kernels)
+                                kernels=kernels, logprobs=logprobs)
     if profile and mesh is not None:
         # The profile drives the phases from the host over one pool; a mesh's pools and page
         # tables are per data shard (jspec.sharding.per_data_shard).
@@ -121,13 +129,16 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
              sampling=SamplingConfig(temperature, top_k, top_p), stop_ids=stop_ids,
              kv=KVConfig(page_size, num_pages, max_len, kv_admission, prompt_bucket,
                          prefill_chunk), mesh=mesh,
-             drafter=drafter, spec=spec, forced_accept=forced_accept, kernels=kernels)
+             drafter=drafter, spec=spec, forced_accept=forced_accept, kernels=kernels,
+             logprobs_k=logprobs)
     t0 = time.perf_counter()
     state, prof = p.run(jax.random.key(seed) if key is None else key, profile=profile)
     tokens, stats = p.collect(state)
     wall = time.perf_counter() - t0
-    return finish(p.target, tokens, stats, wall, prof,
-                  None if drafter is None or forced_accept else drafter)
+    res = finish(p.target, tokens, stats, wall, prof,
+                 None if drafter is None or forced_accept else drafter)
+    res.logprobs = p.collect_logprobs(state)
+    return res
 
 
 def check_acceptance(target, drafter, prompts, new_tokens: int = 48) -> float:
@@ -198,7 +209,8 @@ def _through_engine(target, prompts, slots, max_new_tokens, **batch_knobs) -> in
 
 
 def _engine_generate(target, prompts, *, slots, max_new_tokens, sampling, key, stop_ids,
-                     page_size, prompt_bucket, drafter, spec, kernels) -> GenerationResult:
+                     page_size, prompt_bucket, drafter, spec, kernels, logprobs=None
+                     ) -> GenerationResult:
     ids, _ = prompt_ids(target, prompts)
     B = len(ids)
     limits = row_limits(max_new_tokens, B)
@@ -209,11 +221,13 @@ def _engine_generate(target, prompts, *, slots, max_new_tokens, sampling, key, s
     t0 = time.perf_counter()
     eng = Engine(target, drafter, slots=slots, spec=spec, sampling=sampling, max_new_tokens=cap,
                  max_len=None, page_size=page_size, prompt_bucket=prompt_bucket,
-                 kernels=kernels, longest_prompt=max(map(len, ids)))
+                 kernels=kernels, longest_prompt=max(map(len, ids)), logprobs_k=logprobs)
     keys = jax.random.split(key, B)        # row r's key, as in one batch of every prompt
     reqs = [Request(ids[r], int(limits[r]), key=keys[r],
-                    stop_ids=stop_ids[r] if per_row else stop_ids) for r in range(B)]
+                    stop_ids=stop_ids[r] if per_row else stop_ids, logprobs=logprobs)
+            for r in range(B)]
     done = eng.generate(reqs)
     wall = time.perf_counter() - t0
-    return finish(target, [c.tokens for c in done], [c.stats for c in done], wall, None,
-                  drafter)
+    res = finish(target, [c.tokens for c in done], [c.stats for c in done], wall, None, drafter)
+    res.logprobs = None if logprobs is None else [c.logprobs for c in done]
+    return res

@@ -23,6 +23,7 @@ from jspec import distributed as dist
 from jspec import kv_cache as kvc, position_stats
 from jspec.decode import STOP_REASONS, PlainDecoder
 from jspec.kernels import check_mode as check_kernels, resolve as resolve_kernels
+from jspec.logprobs import TokenLogprob, check_k, host_rows
 from jspec.sampling import SamplingConfig
 from jspec.sharding import batch_sharding
 from jspec.spec_config import SpecConfig
@@ -269,6 +270,18 @@ class Plan:
                            None if by_pos is None else by_pos[r]) for r in range(self.batch)]
         return tokens, stats
 
+    def collect_logprobs(self, state) -> list[list[TokenLogprob]] | None:
+        """Each row's generated tokens' :class:`jspec.logprobs.TokenLogprob` s (aligned with
+        :meth:`collect`'s tokens), or None when the decoder keeps none (``logprobs_k``)."""
+        if state.logprobs is None:
+            return None
+        out = (state.tokens, state.num_generated, state.logprobs)
+        if self.multi:
+            out = jax.tree.map(lambda x: dist.local_rows(self.mesh, x), out)
+        toks, n, buf = jax.device_get(out)
+        return [host_rows(buf.token[r, :n[r]], buf.top_ids[r, :n[r]], buf.top[r, :n[r]],
+                          toks[r, :n[r]]) for r in range(self.batch)]
+
 
 def row_stats(prompt_len: int, new_tokens: int, iterations: int, reason: int, hist,
               by_pos=None) -> dict:
@@ -288,10 +301,12 @@ def row_stats(prompt_len: int, new_tokens: int, iterations: int, reason: int, hi
 def plan(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
          sampling: SamplingConfig = SamplingConfig(), stop_ids=None, kv: KVConfig = KVConfig(),
          mesh=None, drafter=None, spec: SpecConfig | str | None = None,
-         forced_accept: float = 0.0, kernels: str = "auto") -> Plan:
+         forced_accept: float = 0.0, kernels: str = "auto", logprobs_k: int | None = None
+         ) -> Plan:
     """Check a request and build its compiled decoder; see :func:`jspec.generate` for the
     arguments. Every error a request can have is raised here, before anything compiles."""
     check_kernels(kernels)
+    logprobs_k = check_k(logprobs_k, "logprobs")
     ids, is_text = prompt_ids(target, prompts)
     B = len(ids)
     lens = np.array([len(p) for p in ids], np.int32)
@@ -331,7 +346,7 @@ def plan(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
         rows = [jnp.asarray(x) for x in rows]
     common = dict(config=target.config, sampling=sampling, max_new_tokens=cap_new,
                   page_size=kv.page_size, num_pages=num_pages, mesh=mesh, kernels=kernels,
-                  prefill_chunk=kv.prefill_chunk)
+                  prefill_chunk=kv.prefill_chunk, logprobs_k=logprobs_k)
     served = None
     if drafting is None:
         decoder = PlainDecoder(**common)

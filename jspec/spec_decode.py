@@ -2,8 +2,9 @@
 {draft, verify with tree attention, walk or sample, commit, draft extend}.
 
 Like :class:`~jspec.decode.PlainDecoder`, :class:`SpecDecoder` holds only static,
-hashable settings (target config, drafter spec, tree knobs, sampling) and is jitted
-with ``static_argnames=('self',)``. Every row accepts its own number of tokens per
+hashable settings (target config, drafter spec, tree knobs, whether rows may sample) and
+is jitted with ``static_argnames=('self',)``; each row's temperature, top-k and top-p are
+runtime values in the state (:mod:`jspec.sampling`). Every row accepts its own number of tokens per
 iteration; a row that is done (stop id, its own limit, or a full cache) keeps riding
 along without committing anything.
 
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax.sharding import PartitionSpec as P
 
-from jspec import kernels, kv_cache as kvc, position_stats, prefill as chunked
+from jspec import kernels, kv_cache as kvc, logprobs, position_stats, prefill as chunked
 from jspec.config import LlamaConfig
 from jspec.decode import MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, emit_block, finite_rows
 from jspec.llama import forward, logits as lm_logits
@@ -58,6 +59,11 @@ class SpecState:
     accept_hist: Int["B A1"]         # accept_hist[b, n] = iterations that emitted n tokens
     row_keys: Key["B"]
     accept_by_pos: Int["B P 2"]      # per context-position bucket (jspec.position_stats)
+    # Beside ``tokens`` (jspec.logprobs), with a static ``logprobs_k``; None: none kept.
+    logprobs: Any = None
+    # Each row's settings (runtime values, jspec.sampling.RowSampling); None when the static
+    # sampling config never samples (then the walk is greedy and nothing else is traced).
+    sampling: Any = None
 
 
 def verify_padding(batch: int, nodes: int) -> int:
@@ -94,6 +100,9 @@ class SpecDecoder:
     # deterministic (top-K) drafts every kind makes: P(some child kept) = sum of p(children).
     coupled: bool = False
     prefill_chunk: int | None = None  # tokens per prefill chunk (None: jspec.prefill's default)
+    # Static: each emitted token's logprob and top-k under the target's verify logits
+    # (jspec.logprobs) kept beside the tokens; None: nothing is computed or stored.
+    logprobs_k: int | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -104,23 +113,26 @@ class SpecDecoder:
         return self.drafter.target_layers
 
     # --------------------------------------------------------------- phases
-    def prefill(self, params, dparams, prompt, prompt_lens, page_table, draft_table, key):
+    def prefill(self, params, dparams, prompt, prompt_lens, page_table, draft_table, key,
+                rows=None):
         c = self.config
         cache = kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, page_table,
                                self.num_pages, self.page_size, c.dtype)
         cache = constrain_kv(cache, c, self.mesh)
         dstate = self.drafter.init_state(prompt.shape[0], draft_table, self.num_pages,
                                          self.page_size)
-        return self.prefill_into(params, dparams, cache, dstate, prompt, prompt_lens, key)
+        return self.prefill_into(params, dparams, cache, dstate, prompt, prompt_lens, key, rows)
 
-    def prefill_into(self, params, dparams, cache, dstate, prompt, prompt_lens, key):
+    def prefill_into(self, params, dparams, cache, dstate, prompt, prompt_lens, key, rows=None):
         """Prefill ``prompt [B, T]`` into a given cache and drafter state (fresh ones, or,
         in the serving engine, one row's pages of the live pools), chunk by chunk
         (:mod:`jspec.prefill`): each chunk through the target, then its (feature, next
         token) pairs into the drafter (``prefill`` for the first chunk, ``extend`` after).
         A row's last pair takes the first generated token, sampled in the chunk that holds
-        the row's last prompt position. Returns ``(cache, drafter state, first token, row
-        keys, finite)``."""
+        the row's last prompt position, with the rows' settings ``rows``
+        (:class:`jspec.sampling.RowSampling`; None: greedy, or the config's). Returns
+        ``(cache, drafter state, first token, row keys, finite, first token's logprob block
+        [B, 1, ...] or None)``."""
         c, d = self.config, self.drafter
         params = pack_params(c, params)
         B = prompt.shape[0]
@@ -135,7 +147,7 @@ class SpecDecoder:
                                                       attend)
             logits = lm_logits(c, params, chunk.take_last(hidden))
             # (logits, first token) of the rows whose last prompt position is in this chunk.
-            last = chunked.keep_last(chunk, (logits, sample(logits, keys0, self.sampling)),
+            last = chunked.keep_last(chunk, (logits, sample(logits, keys0, self.sampling, rows)),
                                      last)
             nxt = jnp.where(chunk.positions == (prompt_lens - 1)[:, None], last[1][:, None],
                             chunk.next_tokens)
@@ -147,7 +159,7 @@ class SpecDecoder:
         cache, dstate, (logits, first) = chunked.run(prompt, prompt_lens, self.prefill_chunk,
                                                      step, (cache, dstate, None))
         return (cache.replace(lengths=prompt_lens.astype(jnp.int32)), dstate, first, row_keys,
-                finite_rows(logits))
+                finite_rows(logits), self.path_logprobs(logits[:, None], first[:, None]))
 
     def verify(self, params, cache, tree):
         pos = cache.lengths[:, None] + tree.depths
@@ -168,14 +180,15 @@ class SpecDecoder:
         logits = lm_logits(self.config, params, hidden)
         return logits, self.drafter.features(hidden, aux, tree.tokens), cache
 
-    def walk(self, tree, logits, keys, choice=None):
+    def walk(self, tree, logits, keys, choice=None, rows=None):
         """``(accept_index, accept_len, bonus)``. ``choice [B, N]`` (optional): the target's
         token after each node, drawn already (:attr:`coupled`); the greedy walk keeps drafts
         equal to it. Otherwise greedy takes the argmax and sampling runs tree rejection
-        sampling with ``keys``."""
+        sampling with ``keys``, each row by its settings ``rows`` (a greedy row's one-hot
+        distribution keeps exactly the greedy path)."""
         S, _ = self.shape
         argmax = jnp.argmax(logits, -1).astype(jnp.int32) if choice is None else choice
-        greedy = self.sampling.greedy or choice is not None
+        greedy = not self.sampling.may_sample or choice is not None
         if greedy and self.kernels == "reference":
             return greedy_walk(tree, argmax, S)
         impl = kernels.walk_impl(self.kernels)
@@ -184,7 +197,7 @@ class SpecDecoder:
             args = (tree.tokens, tree.first_child, tree.next_sibling, argmax)
             return kernels.per_device(lambda *a: verify_walk_greedy(*a, max_depth=S, impl=impl),
                                       args, (P(),) * len(args), P())
-        probs = target_probs(logits, self.sampling)
+        probs = target_probs(logits, self.sampling, rows)
         ka, kb = jax.vmap(jax.random.split, out_axes=1)(keys)
         u_acc = jax.vmap(lambda k: jax.random.uniform(k, (tree.num_nodes,)))(ka)
         u_bonus = jax.vmap(jax.random.uniform)(kb)
@@ -225,18 +238,23 @@ class SpecDecoder:
     def position_draws(self, s: SpecState, tree, logits):
         """``[B, N]`` (:attr:`coupled` sampling; None otherwise): the target's draw after each
         node, with the key plain decoding uses for that output position."""
-        if not self.coupled or self.sampling.greedy:
+        if not self.coupled or not self.sampling.may_sample:
             return None
-        B, N, V = logits.shape
         at = s.num_generated[:, None] + tree.depths
         node_keys = jax.vmap(jax.vmap(jax.random.fold_in, (None, 0)))(s.row_keys, at)
-        return sample(logits.reshape(B * N, V), node_keys.reshape(B * N),
-                      self.sampling).reshape(B, N)
+        return sample(logits, node_keys, self.sampling, s.sampling)     # [B, N, V]: per row
 
-    def emit(self, s: SpecState, toks, n, stop_ids, max_new, finite) -> SpecState:
+    def path_logprobs(self, logits, toks):
+        """The logprob block of ``toks [B, A]`` decided by ``logits [B, A, V]``, or None
+        without :attr:`logprobs_k`."""
+        if self.logprobs_k is None:
+            return None
+        return logprobs.of_tokens(logits, toks, self.logprobs_k)
+
+    def emit(self, s: SpecState, toks, n, stop_ids, max_new, finite, lp=None) -> SpecState:
         _, N = self.shape
         # The next verify writes N slots.
-        return emit_block(s, toks, n, stop_ids, max_new, next_slots=N, finite=finite)
+        return emit_block(s, toks, n, stop_ids, max_new, next_slots=N, finite=finite, lp=lp)
 
     def draft_phase(self, params, dparams, s: SpecState):
         return self.drafter.propose(dparams, (self.config, params), s.draft, s.root, self.spec,
@@ -251,9 +269,14 @@ class SpecDecoder:
             if self.forced_accept:
                 idx, n, bonus = self.force_accept(tree, logits, keys)
             else:
-                idx, n, bonus = self.walk(tree, logits, keys, self.position_draws(s, tree, logits))
+                idx, n, bonus = self.walk(tree, logits, keys, self.position_draws(s, tree, logits),
+                                         s.sampling)
         n = jnp.where(live, n, 0)
         toks, _ = emitted_tokens(tree, idx, jnp.maximum(n, 1), bonus)
+        # Emitted token j was decided at the path's node j (the root decides the first
+        # accepted draft, the last accepted node the bonus): its logits row gives the logprob.
+        lp = None if self.logprobs_k is None else self.path_logprobs(
+            jnp.take_along_axis(logits, jnp.maximum(idx, 0)[:, :, None], axis=1), toks)
         n, finite = self.finite_prefix(logits, idx, n)      # cut where the logits were not finite
         S, N = self.shape
         # A chain's accepted nodes are 0 .. n-1, and so are forced accepts: no KV moves.
@@ -268,7 +291,7 @@ class SpecDecoder:
                       iterations=s.iterations + live.astype(jnp.int32), accept_hist=hist,
                       accept_by_pos=position_stats.record(s.accept_by_pos, s.cache.lengths, n,
                                                           live))
-        return self.emit(s, toks, n, stop_ids, max_new, finite)
+        return self.emit(s, toks, n, stop_ids, max_new, finite, lp)
 
     def iterate(self, params, dparams, s: SpecState, stop_ids, max_new) -> SpecState:
         # Named scopes put the phase into every op's metadata, so a profile of the compiled
@@ -286,16 +309,20 @@ class SpecDecoder:
                       max_new, key) -> SpecState:
         S, _ = self.shape
         B = prompt.shape[0]
-        cache, dstate, first, row_keys, finite = self.prefill(params, dparams, prompt, prompt_lens,
-                                                              page_table, draft_table, key)
+        rows = self.sampling.rows(B)
+        cache, dstate, first, row_keys, finite, first_lp = self.prefill(
+            params, dparams, prompt, prompt_lens, page_table, draft_table, key, rows)
         s = SpecState(
             cache=cache, draft=dstate, root=first,
             tokens=jnp.zeros((B, self.max_new_tokens + S + 1), jnp.int32),
             num_generated=jnp.zeros((B,), jnp.int32), done=max_new <= 0,
             stop_reason=jnp.where(max_new <= 0, MAX_NEW_TOKENS, RUNNING),
             iterations=jnp.zeros((B,), jnp.int32), accept_hist=jnp.zeros((B, S + 2), jnp.int32),
-            row_keys=row_keys, accept_by_pos=position_stats.empty(B))
-        return self.emit(s, first[:, None], finite.astype(jnp.int32), stop_ids, max_new, finite)
+            row_keys=row_keys, accept_by_pos=position_stats.empty(B),
+            logprobs=None if self.logprobs_k is None else
+            logprobs.empty(B, self.max_new_tokens + S + 1, self.logprobs_k), sampling=rows)
+        return self.emit(s, first[:, None], finite.astype(jnp.int32), stop_ids, max_new, finite,
+                         first_lp)
 
     @functools.partial(jax.jit, static_argnames=("self",))
     def run(self, params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids, max_new,

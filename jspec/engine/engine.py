@@ -22,7 +22,8 @@ The programs are compiled once per prompt bucket (insert; twice for the short bu
 when lazy inserts can happen), per (spec, bucket) (decode) and per bucket (sync), so a
 stream of any length and mix compiles a small fixed set. Output never depends on the
 neighbours: a request's greedy tokens equal ``generate`` of it alone, and its samples
-depend only on its own key (position-keyed sampling; see :mod:`jspec.engine.programs`).
+depend only on its own settings and key (position-keyed sampling; see
+:mod:`jspec.engine.programs`).
 """
 
 from __future__ import annotations
@@ -39,13 +40,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec import kv_cache as kvc
+from jspec.engine.live import Checked, LiveEngine
+from jspec.engine.logprob_host import EngineLogprobs, check_k, check_request as check_logprobs
 from jspec.engine.pages import PagePool
 from jspec.engine.requests import Completion, Delta, Request, prompt_ids
 from jspec.engine.buckets import bucket_of, buckets_for, prompt_buckets
-from jspec.engine.policy import Policy, mode_label
+from jspec.engine.policy import Policy, mode_label, resolve_policy
 from jspec.engine.programs import PLAIN, Programs
+from jspec.engine.stop_strings import FINISH_REASONS, TextStream, check_stop, match_tokens, stable
 from jspec.kernels import check_mode as check_kernels, resolve as resolve_kernels
-from jspec.plan import check_prompt, resolve_drafting, row_stats, stop_table
+from jspec.plan import check_prompt, row_stats, stop_table
 from jspec.sampling import SamplingConfig
 from jspec.target import Target
 
@@ -59,8 +63,10 @@ class _Live:
     ids: list[int]
     pages: list[int]
     sent: int = 0                   # tokens already streamed
-    text: str = ""
     first_s: float | None = None
+    logprobs: list | None = None    # its tokens' TokenLogprobs so far (Request.logprobs)
+    t0: float = 0.0                 # when its latencies start (the stream's start, or submit)
+    out: TextStream | None = None   # its text streamed so far (stop strings held back)
 
 
 DEFAULT_MAX_LEN = 4096
@@ -72,15 +78,17 @@ def default_slots() -> int:
     return 8 if jax.default_backend() == "cpu" else 64
 
 
-class Engine:
-    """A continuous-batching engine; see the module doc.
+class Engine(LiveEngine):
+    """A continuous-batching engine; see the module doc (live use: :mod:`jspec.engine.live`).
 
     ``target``, ``drafter`` (optional: a :class:`jspec.drafters.Drafter`), ``slots`` (B;
     default :func:`default_slots`), ``policy``: which spec each bucket of live slots runs
     (:class:`jspec.engine.policy.Policy`, ``"auto"`` for the picks ``python -m jspec tune
     --occupancy`` stored beside the drafter, or None: ``spec`` (default: the drafter's) at
-    every occupancy). ``sampling``: one :class:`SamplingConfig` for every request (its
-    settings are static in the compiled programs). ``max_new_tokens``: the default and the
+    every occupancy). ``sampling``: the requests' default settings (a request's own
+    ``temperature``, ``top_k`` and ``top_p`` are runtime values of its slot); greedy without
+    ``per_request=True`` compiles greedy decoding alone (the fastest), and a request asking to
+    sample is then refused. ``max_new_tokens``: the default and the
     most any request may ask for. ``max_len``: KV slots per row (default: room for a prompt
     of ``longest_prompt`` tokens, else of ``min(max_position_embeddings, 4096)``, plus
     ``max_new_tokens`` and the speculative overshoot; the reference attention on CPU reads a
@@ -100,8 +108,9 @@ class Engine:
                  max_len: int | None = None, page_size: int = 16, num_pages: int | None = None,
                  chunk: int = 8, prompt_bucket: int = 16, stop_width: int = 8,
                  kernels: str = "auto", longest_prompt: int | None = None, mesh=None,
-                 prefill_chunk: int | None = None):
+                 prefill_chunk: int | None = None, logprobs_k: int | None = None):
         check_kernels(kernels)
+        self.logprobs_k = check_k(logprobs_k)        # static (jspec.logprobs); None: off
         B = default_slots() if slots is None else int(slots)
         if B < 1 or chunk < 1 or max_new_tokens < 1:
             raise ValueError(f"slots, chunk and max_new_tokens must be >= 1, got {B}, {chunk}, "
@@ -114,7 +123,8 @@ class Engine:
         self.target, self.slots, self.sampling, self.chunk = target, B, sampling, chunk
         self.max_new_tokens = int(max_new_tokens)
         self.buckets = buckets_for(B)
-        self.policy, S, N, overshoot = self._resolve_policy(target, drafter, policy, spec)
+        self.policy, S, N, overshoot = resolve_policy(target, drafter, policy, spec,
+                                                      self.buckets, B)
         self.overshoot = overshoot
         if max_len is None:
             top = longest_prompt or min(target.config.max_position_embeddings, DEFAULT_MAX_LEN)
@@ -139,42 +149,16 @@ class Engine:
             sampling=sampling, slots=B, max_new_tokens=self.max_new_tokens, max_depth=S,
             max_nodes=max(N, 1), page_size=page_size, num_pages=num_pages, max_pages=max_pages,
             stop_width=stop_width, chunk=chunk, kernels=kernels, mesh=mesh,
-            prefill_chunk=prefill_chunk)
+            prefill_chunk=prefill_chunk, logprobs_k=self.logprobs_k)
+        self._lp = EngineLogprobs(self.programs, self.prompt_buckets, self.logprobs_k,
+                                  lambda: (self.target.serving_params, self._on_mesh()))
         self._dparams = None if drafter is None else self.drafter.params
         self.state = None
         self.chunk_log: list[tuple[int, int, str]] = []   # (live, bucket, mode) per decode call
         self.syncs = 0                  # drafter catch-ups run (Programs.sync)
         self.lazy_inserts = 0           # inserts without the drafter's prefill (_lazy)
         self._behind: set[int] = set()  # slots whose drafter plain chunks left behind
-
-    def _resolve_policy(self, target, drafter, policy, spec):
-        """``(policy with every spec resolved, deepest S, most nodes N, overshoot)``."""
-        B = self.slots
-        if drafter is not None and getattr(drafter.module, "per_row_params", False):
-            raise ValueError(f"a {drafter.kind} drafter's parameters have one row per batch "
-                             f"row; it serves generate's static batches, not engine slots")
-        if drafter is None:
-            if policy is not None or spec is not None:
-                raise ValueError("spec and policy choose how a drafter speculates; no drafter "
-                                 "was given")
-            policy = Policy({b: PLAIN for b in self.buckets})
-        elif isinstance(policy, str):
-            if policy != "auto":
-                raise ValueError(f"policy={policy!r}: pass a Policy, 'auto' or None")
-            policy = Policy.stored(drafter, self.buckets)
-        elif policy is None:
-            policy = Policy({b: spec for b in self.buckets})
-        policy.check_buckets(self.buckets)
-        S = N = 0
-        overshoot, resolved = 1, {}
-        for s in policy.specs():
-            d = resolve_drafting(target, drafter, s, B)
-            resolved[s] = d.spec
-            S, N = max(S, d.S), max(N, d.N)
-            overshoot = max(overshoot, d.overshoot)
-        # None (the drafter's default) becomes the spec it stands for.
-        policy = Policy({b: m if m == PLAIN else resolved[m] for b, m in policy.picks.items()})
-        return policy, S, N, overshoot
+        self._live_init()
 
     # ------------------------------------------------------------------ requests
     def _request(self, r, index: int) -> tuple[Request, list[int]]:
@@ -182,7 +166,9 @@ class Engine:
         if req.id is None:
             req = dataclasses.replace(req, id=index)
         req, ids = prompt_ids(req, self.target)
+        req = dataclasses.replace(req, stop=check_stop(req.stop, req.id, self.target.tokenizer))
         check_prompt(ids, self.target.config.vocab_size, req.id)
+        check_logprobs(req, self.logprobs_k)
         n = self.max_new_tokens if req.max_new_tokens is None else int(req.max_new_tokens)
         if not 0 <= n <= self.max_new_tokens:
             raise ValueError(f"request {req.id}: max_new_tokens={n} outside [0, "
@@ -191,11 +177,18 @@ class Engine:
             raise ValueError(f"request {req.id}: its prompt has {len(ids)} tokens; this engine "
                              f"takes at most {self.prompt_buckets[-1]} (max_len={self.max_len} "
                              f"less {self.overshoot + 1} slots for decoding)")
-        return dataclasses.replace(req, max_new_tokens=n), ids
+        # None takes the engine's default; checked here, written into the slot at insert.
+        sampling = self.sampling.resolve(req.temperature, req.top_k, req.top_p,
+                                         f"request {req.id}")
+        return dataclasses.replace(req, max_new_tokens=n, **sampling), ids
 
     def check(self, request) -> None:
         """Raise ``ValueError`` for a request this engine cannot serve (nothing runs)."""
         self._request(request, 0)
+
+    def score(self, ids, k: int = 0) -> list:
+        """Prompt logprobs (echo): :meth:`jspec.engine.logprob_host.EngineLogprobs.score`."""
+        return self._lp.score(ids, k)
 
     def _key(self, req: Request) -> jax.Array:
         if req.key is not None:
@@ -209,6 +202,7 @@ class Engine:
         return contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh)
 
     def _ensure_state(self):
+        self._not_running()              # the live loop owns the state while it runs
         if self.state is None:
             with self._on_mesh():
                 self.state = self.programs.init(self.target.serving_params, self._dparams)
@@ -238,7 +232,8 @@ class Engine:
                 self.target.serving_params, self._dparams, self.state, jnp.int32(slot),
                 jnp.asarray(prompt), jnp.asarray([len(ids)], jnp.int32), jnp.asarray(table),
                 jnp.asarray(stops), jnp.asarray([live.req.max_new_tokens], jnp.int32),
-                self._key(live.req), lazy=lazy)
+                self._key(live.req),
+                self.sampling.row(live.req.temperature, live.req.top_k, live.req.top_p), lazy=lazy)
 
     def warm(self, longest_prompt: int | None = None, buckets=None) -> None:
         """Compile every program now: insert for each prompt bucket up to ``longest_prompt``
@@ -290,12 +285,18 @@ class Engine:
         slots: list[_Live | None] = [None] * self.slots
         t0 = time.perf_counter()
         while pending or any(slots):
-            self._admit(pending, slots)
-            live = [s for s in range(self.slots) if slots[s] is not None]
-            self._decode(live, slots)
-            yield from self._deltas(live, slots, time.perf_counter() - t0)
+            yield from self._step(pending, slots, t0)
 
-    def _admit(self, pending: deque, slots: list) -> None:
+    def _step(self, pending: deque, slots: list, t0: float | None) -> Iterator[Delta]:
+        """One chunk boundary (stream's and the live loop's): admit from ``pending`` (``(index,
+        request or Checked)``; ``t0``: when the former's latencies start), decode, deltas."""
+        self._admit(pending, slots, t0)
+        live = [s for s in range(self.slots) if slots[s] is not None]
+        if live:
+            self._decode(live, slots)
+            yield from self._deltas(live, slots, time.perf_counter())
+
+    def _admit(self, pending: deque, slots: list, t0: float | None) -> None:
         """Fill free slots from the front of ``pending`` while the pages last (in order: a
         request that does not fit yet waits, and so do the ones behind it); then prefill
         them, knowing the occupancy they join (:meth:`_lazy`)."""
@@ -304,7 +305,7 @@ class Engine:
             if slots[slot] is not None or not pending:
                 continue
             index, raw = pending[0]
-            req, ids = self._request(raw, index)
+            req, ids, t = raw if isinstance(raw, Checked) else (*self._request(raw, index), t0)
             need = len(ids) + req.max_new_tokens + self.overshoot
             pages = self.pages.take(need)
             if pages is None:
@@ -314,7 +315,7 @@ class Engine:
                         f"budget is {self.pages.num_pages}")
                 break                           # wait for a finished row's pages
             pending.popleft()
-            slots[slot] = _Live(req, index, ids, pages)
+            slots[slot] = _Live(req, index, ids, pages, t0=t, out=TextStream(req.stop))
             new.append(slot)
         live = sum(s is not None for s in slots)
         for slot in new:
@@ -322,6 +323,7 @@ class Engine:
 
     def _decode(self, live: list[int], slots: list) -> None:
         """One chunk for the live slots, padded with free ones to their bucket."""
+        self._scrub(slots)
         bucket = bucket_of(self.buckets, len(live))
         free = [s for s in range(self.slots) if slots[s] is None]
         rows = np.asarray(live + free[:bucket - len(live)], np.int32)
@@ -345,42 +347,43 @@ class Engine:
         done, n, reason, iters, hist, by_pos, toks = jax.device_get(
             (core.done, core.num_generated, core.stop_reason, core.iterations, core.accept_hist,
              core.accept_by_pos, core.tokens))
+        window = self._lp.window(core, live, slots)
+        tok = self.target.tokenizer
         for s in live:
             lv = slots[s]
             m = int(n[s])
+            # A stop string ends the request at the token completing it (stop_strings).
+            hit = match_tokens(tok, toks[s, :m], lv.sent, lv.req.stop)
+            m = m if hit is None else hit[0]
             new = toks[s, lv.sent:m].tolist()
+            lps = self._lp.new(window, s, lv, m, new)
             if new and lv.first_s is None:
-                lv.first_s = now
-            text = self._text(lv, toks[s, :m])
+                lv.first_s = now - lv.t0
+            end = bool(done[s]) or hit is not None
+            # Streamed text holds back an incomplete character and a stop string's start.
+            text = None if tok is None else lv.out.step(
+                stable(tok, toks[s, :m]) if hit is None else hit[1], end)
             lv.sent = m
-            if not done[s]:
+            if not end:
                 if new:
-                    yield Delta(lv.req.id, lv.index, new, text)
+                    yield Delta(lv.req.id, lv.index, new, text, logprobs=lps)
                 continue
             spec = self.drafter is not None
             stats = row_stats(len(lv.ids), m, int(iters[s]), int(reason[s]),
                               hist[s] if spec else None, by_pos[s] if spec else None)
-            stats.update(latency_s=now, first_token_s=lv.first_s)
+            why = "stop" if hit is not None else FINISH_REASONS[int(reason[s])]
+            stats.update(latency_s=now - lv.t0, first_token_s=lv.first_s)
+            if hit is not None:
+                stats["stop_reason"] = "stop_string"
             out = toks[s, :m].tolist()
-            full = None if self.target.tokenizer is None else self.target.tokenizer.decode(out)
-            self.pages.give_back(lv.pages)
-            slots[s] = None
-            yield Delta(lv.req.id, lv.index, new, text, done=True,
-                        completion=Completion(lv.req.id, lv.index, lv.ids, out, full, stats))
-
-    def _text(self, lv: _Live, toks) -> str | None:
-        tok = self.target.tokenizer
-        if tok is None:
-            return None
-        full = tok.decode(list(map(int, toks)))
-        # A token may end inside a multi-byte character: hold back what decodes to the
-        # replacement character until the next tokens complete it. Text the decoder revises
-        # (it rarely does) is not streamed again; the completion holds the final text.
-        stable = full.rstrip("\ufffd")
-        if not stable.startswith(lv.text):
-            return ""
-        delta, lv.text = stable[len(lv.text):], stable
-        return delta
+            full = None if tok is None else hit[1] if hit is not None else tok.decode(out)
+            self._release(s, slots, dirty=not done[s])
+            lp_out, lp_prompt = self._lp.completion(lv, len(out))
+            yield Delta(lv.req.id, lv.index, new, text, done=True, finish_reason=why,
+                        logprobs=lps,
+                        completion=Completion(lv.req.id, lv.index, lv.ids, out, full, stats,
+                                              finish_reason=why, logprobs=lp_out,
+                                              prompt_logprobs=lp_prompt))
 
     def generate(self, requests: Iterable, order: str = "longest") -> list[Completion]:
         """Serve every request (longest first by default, see :meth:`stream`); completions

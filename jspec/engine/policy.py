@@ -27,6 +27,7 @@ from typing import Sequence
 
 from jspec.engine.buckets import buckets_for  # noqa: F401  (re-exported)
 from jspec.engine.programs import PLAIN
+from jspec.plan import resolve_drafting
 from jspec.spec_config import parse_spec, spec_label
 from jspec import tune_store
 
@@ -113,3 +114,33 @@ def pick(rates: dict, candidates: Sequence, margin: float = PLAIN_MARGIN) -> Pol
             best = PLAIN
         picks[b] = by_label[best]
     return Policy(picks)
+
+
+def resolve_policy(target, drafter, policy, spec, buckets, slots: int):
+    """The engine's policy for ``buckets`` of ``slots``: ``(policy with every spec resolved,
+    deepest S, most nodes N, overshoot)``."""
+    if drafter is not None and getattr(drafter.module, "per_row_params", False):
+        raise ValueError(f"a {drafter.kind} drafter's parameters have one row per batch "
+                         f"row; it serves generate's static batches, not engine slots")
+    if drafter is None:
+        if policy is not None or spec is not None:
+            raise ValueError("spec and policy choose how a drafter speculates; no drafter "
+                             "was given")
+        policy = Policy({b: PLAIN for b in buckets})
+    elif isinstance(policy, str):
+        if policy != "auto":
+            raise ValueError(f"policy={policy!r}: pass a Policy, 'auto' or None")
+        policy = Policy.stored(drafter, buckets)
+    elif policy is None:
+        policy = Policy({b: spec for b in buckets})
+    policy.check_buckets(buckets)
+    S = N = 0
+    overshoot, resolved = 1, {}
+    for s in policy.specs():
+        d = resolve_drafting(target, drafter, s, slots)
+        resolved[s] = d.spec
+        S, N = max(S, d.S), max(N, d.N)
+        overshoot = max(overshoot, d.overshoot)
+    # None (the drafter's default) becomes the spec it stands for.
+    policy = Policy({b: m if m == PLAIN else resolved[m] for b, m in policy.picks.items()})
+    return policy, S, N, overshoot

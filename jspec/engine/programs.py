@@ -16,6 +16,12 @@ Sampling is *position keyed* (:attr:`jspec.spec_decode.SpecDecoder.coupled`): ou
 of a request is the draw plain decoding makes with ``fold_in(key, i)``, whatever the spec of
 the chunk that decided it. So switching specs between chunks (:mod:`jspec.engine.policy`)
 never changes a request's output, greedy or sampled.
+
+Each slot's temperature, top-k and top-p are runtime values in its state
+(:class:`jspec.sampling.RowSampling`, written at insert), so greedy and sampled requests share
+a batch and every program. Only the static :class:`~jspec.sampling.SamplingConfig` decides
+whether sampling is compiled in at all: a greedy config without ``per_request`` traces an
+argmax alone, and its slots carry no settings.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jspec import kernels as kernel_modes, kv_cache as kvc, position_stats
+from jspec import kernels as kernel_modes, kv_cache as kvc, logprobs, position_stats
 from jspec.config import LlamaConfig
 from jspec.decode import (MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, PlainDecoder, emit_block,
                           finite_rows)
@@ -74,6 +80,7 @@ class Programs:
     mesh: Any = None                # a (1, model) mesh: the target's pools over its KV heads
     prefill_chunk: int | None = None  # insert's prefill chunk (jspec.prefill; None: default)
     sync_block: int = 32            # positions per block forward of :meth:`sync`
+    logprobs_k: int | None = None   # static (jspec.logprobs): None computes and keeps none
 
     # ----------------------------------------------------------------- helpers
     def pinned(self, state: SlotState) -> SlotState:
@@ -87,7 +94,7 @@ class Programs:
                            sampling=self.sampling, max_new_tokens=self.max_new_tokens,
                            page_size=self.page_size, num_pages=self.num_pages,
                            kernels=self.kernels, coupled=True,
-                           prefill_chunk=self.prefill_chunk)
+                           prefill_chunk=self.prefill_chunk, logprobs_k=self.logprobs_k)
 
     @property
     def aux_layers(self) -> tuple[int, ...]:
@@ -100,17 +107,20 @@ class Programs:
         return self.drafter is not None and self.drafter.prefill_is_extend
 
     def _row(self, cache, dstate, first, keys, finite, stops, max_new, drafted=None,
-             prompt=None) -> SlotState:
+             prompt=None, first_lp=None, rows=None) -> SlotState:
         b = first.shape[0]
+        width = self.max_new_tokens + self.max_depth + 1
         s = SpecState(cache=cache, draft=dstate, root=first,
-                      tokens=jnp.zeros((b, self.max_new_tokens + self.max_depth + 1), jnp.int32),
+                      tokens=jnp.zeros((b, width), jnp.int32),
                       num_generated=jnp.zeros((b,), jnp.int32), done=max_new <= 0,
                       stop_reason=jnp.where(max_new <= 0, MAX_NEW_TOKENS, RUNNING),
                       iterations=jnp.zeros((b,), jnp.int32),
                       accept_hist=jnp.zeros((b, self.max_depth + 2), jnp.int32), row_keys=keys,
-                      accept_by_pos=position_stats.empty(b))
+                      accept_by_pos=position_stats.empty(b),
+                      logprobs=None if self.logprobs_k is None else
+                      logprobs.empty(b, width, self.logprobs_k), sampling=rows)
         s = emit_block(s, first[:, None], finite.astype(jnp.int32), stops, max_new,
-                       next_slots=self.max_nodes, finite=finite)
+                       next_slots=self.max_nodes, finite=finite, lp=first_lp)
         return SlotState(core=s, stop_ids=stops, max_new=max_new,
                          drafted=cache.lengths if drafted is None else drafted, prompt=prompt)
 
@@ -131,14 +141,16 @@ class Programs:
         zero = jnp.zeros((B,), jnp.int32)
         prompt = jnp.zeros((B, self.sync_block), jnp.int32) if self.lazy_drafter else None
         return self.pinned(self._row(cache, dstate, zero, keys, jnp.ones((B,), bool), stops,
-                                     zero, prompt=prompt))
+                                     zero, prompt=prompt, rows=self.sampling.rows(B)))
 
     @functools.partial(jax.jit, static_argnames=("self", "lazy"), donate_argnames=("state",))
     def insert(self, params, dparams, state: SlotState, slot, prompt, prompt_len, table, stops,
-               max_new, key, lazy: bool = False) -> SlotState:
+               max_new, key, sampling=None, lazy: bool = False) -> SlotState:
         """Prefill ``prompt [1, T]`` into the pages of ``table [1, max_pages]`` and make it
-        slot ``slot``'s row; ``key [1]``: the request's row key. The other slots' KV and
-        drafter state are not touched (the prefill writes only this row's pages).
+        slot ``slot``'s row; ``key [1]``: the request's row key; ``sampling``: its settings
+        (a :class:`jspec.sampling.RowSampling` of ``[1]`` runtime values; None: the config's).
+        The other slots' KV and drafter state are not touched (the prefill writes only this
+        row's pages).
 
         ``lazy`` (a drafter with :attr:`lazy_drafter`, ``T <= sync_block``): the target alone
         is prefilled and the row's drafter starts from nothing (``drafted`` 0), to be caught
@@ -147,6 +159,9 @@ class Programs:
         costs the catch-up one block at most."""
         TRACE_COUNTS["engine_insert"] += 1
         c = self.config
+        # No settings are kept (nor traced) when nothing may sample.
+        rows = self.sampling.rows(1) if sampling is None or not self.sampling.may_sample \
+            else sampling
         params = pack_params(c, params)
         # A one-row cache over the live pools (its own zero pools are never read: XLA drops
         # them).
@@ -170,14 +185,16 @@ class Programs:
                                self.num_pages, prefill_chunk=self.prefill_chunk)
             logits, cache = dec.prefill(params, prompt, prompt_len, cache)
             first = sample(logits, jax.vmap(jax.random.fold_in)(key, jnp.zeros((1,), jnp.int32)),
-                           self.sampling)
+                           self.sampling, rows)
             finite = finite_rows(logits)
             drafted = None if dstate is None else jnp.zeros((1,), jnp.int32)
+            first_lp = self._logprobs(logits, first)
         else:
             dec = self.spec_decoder(None)
-            cache, dstate, first, key, finite = dec.prefill_into(params, dparams, cache, dstate,
-                                                                 prompt, prompt_len, key)
-        row = self._row(cache, dstate, first, key, finite, stops, max_new, drafted, kept)
+            cache, dstate, first, key, finite, first_lp = dec.prefill_into(
+                params, dparams, cache, dstate, prompt, prompt_len, key, rows)
+        row = self._row(cache, dstate, first, key, finite, stops, max_new, drafted, kept,
+                        first_lp, rows)
         return self.pinned(R.put(state, row, slot[None], self.slots))
 
     @functools.partial(jax.jit, static_argnames=("self", "spec"), donate_argnames=("state",))
@@ -283,7 +300,7 @@ class Programs:
                                    attention_fn=kernel_modes.attention_fn(self.kernels))
         logits = lm_logits(c, params, hidden[:, 0])
         tok = sample(logits, jax.vmap(jax.random.fold_in)(s.row_keys, s.num_generated),
-                     self.sampling)
+                     self.sampling, s.sampling)
         finite = finite_rows(logits)
         n = live.astype(jnp.int32)
         hist = s.accept_hist.at[jnp.arange(tok.shape[0]), n].add(n)
@@ -292,4 +309,12 @@ class Programs:
                       accept_by_pos=position_stats.record(s.accept_by_pos, s.cache.lengths, n,
                                                           live))
         return emit_block(s, tok[:, None], (finite & live).astype(jnp.int32), stop_ids, max_new,
-                          next_slots=self.max_nodes, finite=finite)
+                          next_slots=self.max_nodes, finite=finite,
+                          lp=self._logprobs(logits, tok))
+
+    def _logprobs(self, logits, tok):
+        """The ``[b, 1, ...]`` logprob block of ``tok [b]`` drawn from ``logits [b, V]``;
+        None without :attr:`logprobs_k`."""
+        if self.logprobs_k is None:
+            return None
+        return logprobs.of_tokens(logits[:, None], tok[:, None], self.logprobs_k)

@@ -30,6 +30,18 @@ class Request:
     stop_ids: Sequence[int] | None = None
     id: Any = None
     messages: list[dict] | None = None
+    # Sampling settings (None: the engine's SamplingConfig), runtime values of the request's
+    # slot: temperature 0 (or top_k 1) is greedy, top_k 0 and top_p 1 filter nothing.
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    # Stop strings (any number, multi-token), matched on the host: :mod:`jspec.engine.stop_strings`.
+    stop: Sequence[str] | None = None
+    # Each generated token's logprob and its top-``logprobs`` alternatives (0..20; at most the
+    # engine's ``logprobs_k``) under the target's raw distribution (:mod:`jspec.logprobs`);
+    # None: none. ``prompt_logprobs`` (OpenAI's echo): the prompt's too, the first None.
+    logprobs: int | None = None
+    prompt_logprobs: bool = False
 
 
 def prompt_ids(req: Request, target) -> tuple[Request, list[int]]:
@@ -56,9 +68,18 @@ class Completion:
     id: Any
     index: int                       # position in the submitted stream
     prompt_ids: list[int]
-    tokens: list[int]                # generated ids (a stop id, when hit, is included)
+    # generated ids: a stop id, when hit, included; on a stop string, up to and including
+    # the token that completed it (text: cut before the string; jspec.engine.stop_strings)
+    tokens: list[int]
     text: str | None
     stats: dict                      # generate's row stats + latency_s, first_token_s
+    # "stop" (a stop id or stop string), "length" (max_new_tokens, or the row's KV room),
+    # "cancelled" (Engine.cancel) or "error" (non-finite logits)
+    finish_reason: str | None = None
+    # jspec.logprobs.TokenLogprob per token of ``tokens`` (Request.logprobs), per prompt token
+    # (Request.prompt_logprobs; the first None).
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
 
 
 @dataclasses.dataclass
@@ -73,3 +94,7 @@ class Delta:
     text: str | None
     done: bool = False
     completion: Completion | None = None
+    # on the done delta: the completion's finish_reason; "error" with no completion when the
+    # live loop failed (Engine.stop re-raises it)
+    finish_reason: str | None = None
+    logprobs: list | None = None     # jspec.logprobs.TokenLogprob per token of ``tokens``

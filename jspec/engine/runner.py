@@ -22,9 +22,10 @@ without an id): each id ends up exactly once. A request's output depends only on
 run equals an uninterrupted one. SIGTERM or SIGINT (a preempted VM) finishes the chunk in
 flight, flushes what has finished and exits 0; requests still in flight are redone on rerun.
 
-Sampling settings are static in the compiled programs, so records are served in groups of
-equal (temperature, top_k, top_p), one engine each, in order of first appearance; within a
-group, the longest requests first (:meth:`jspec.engine.Engine.stream`, ``order="longest"``).
+Every record is served by one engine, the longest requests first
+(:meth:`jspec.engine.Engine.stream`, ``order="longest"``): a record's (temperature, top_k,
+top_p) are runtime values of its slot, so mixed settings share the batch and the compiled
+programs. When no record samples, the engine compiles greedy decoding alone.
 
 Pods (``--distributed``): every process runs the same command; process ``i`` of ``n`` serves
 the records on lines ``i, i + n, ...`` with its own engine on its own devices and writes its
@@ -162,8 +163,7 @@ def parse(text: str, line: int, target, args) -> Record:
         if len(rec.ids) + rec.max_new > limit:
             raise ValueError(f"prompt of {len(rec.ids)} tokens plus {rec.max_new} new ones is "
                              f"longer than the model's limit of {limit} positions")
-        rec.sampling = (float(d.get("temperature", args.temperature)),
-                        int(d.get("top_k", args.top_k)), float(d.get("top_p", args.top_p)))
+        rec.sampling = _sampling(d, args)
         rec.seed = int(d["seed"]) if "seed" in d else \
             (args.seed * 1_000_003 + zlib.crc32(_key(rec.id).encode())) % 2 ** 31
         if "stop" in d:
@@ -171,6 +171,18 @@ def parse(text: str, line: int, target, args) -> Record:
     except (ValueError, TypeError) as e:
         rec.error = str(e)
     return rec
+
+
+def _sampling(d: dict, args) -> tuple:
+    """A record's (temperature, top_k, top_p), its missing fields from the flags; checked."""
+    from jspec.sampling import check
+
+    t, k, p = (d.get("temperature", args.temperature), d.get("top_k", args.top_k),
+               d.get("top_p", args.top_p))
+    if isinstance(k, float) and k.is_integer():
+        k = int(k)                          # JSON writers may give 40.0
+    check(t, k, p)
+    return float(t), int(k), float(p)
 
 
 def _stop_id(s, target) -> int:
@@ -272,47 +284,50 @@ def run(args, target=None) -> int:
 
 
 def _serve(target, drafter, spec, records, args, write, stop) -> int:
-    """Serve ``records`` group by group (equal sampling settings); returns how many finished."""
+    """Serve ``records`` with one engine (per-record sampling settings are runtime values);
+    returns how many finished."""
     from tqdm import tqdm
 
     from jspec.engine import Engine, Request
-    from jspec.sampling import SamplingConfig
+    from jspec.sampling import SamplingConfig, is_greedy
 
-    groups: dict = {}
-    for r in records:
-        groups.setdefault(r.sampling, []).append(r)
     bar = tqdm(total=len(records), unit="req", disable=args.no_progress or None,
                file=sys.stderr, dynamic_ncols=True)
     finished, tokens, accepted, t0 = 0, 0, [], time.perf_counter()
     try:
-        for (temp, top_k, top_p), group in groups.items():
-            eng = Engine(target, drafter, slots=args.slots,
-                         spec=spec if args.policy == "fixed" and drafter is not None else None,
-                         policy="auto" if args.policy == "auto" and drafter is not None else None,
-                         sampling=SamplingConfig(temp, top_k, top_p),
-                         max_new_tokens=max(1, max(r.max_new for r in group)),
-                         longest_prompt=max(len(r.ids) for r in group), chunk=args.chunk,
-                         kernels=args.kernels, prefill_chunk=args.prefill_chunk)
-            by_index = {i: r for i, r in enumerate(group)}
-            reqs = [Request(r.ids, r.max_new, seed=r.seed, stop_ids=r.stop, id=r.id)
-                    for r in group]
-            for d in eng.stream(reqs, order="longest"):
-                if d.done:
-                    c, r = d.completion, by_index[d.index]
-                    s = c.stats
-                    write({"id": r.id, "line": r.line, "text": c.text, "token_ids": c.tokens,
-                           "new_tokens": s["new_tokens"],
-                           "mean_accept_len": s.get("mean_accept_len", 1.0),
-                           "iterations": s["iterations"], "stop_reason": s["stop_reason"],
-                           "latency_s": round(s["latency_s"], 4)})
-                    finished += 1
-                    tokens += s["new_tokens"]
-                    accepted.append(s.get("mean_accept_len", 1.0))
-                    bar.update(1)
-                    bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - t0):.0f}",
-                                    accept=f"{sum(accepted) / len(accepted):.2f}")
-                if stop.requested:
-                    return finished
+        if not records:
+            return 0
+        # The flags are the defaults; sampling is compiled in only when some record samples.
+        sampling = SamplingConfig(args.temperature, args.top_k, args.top_p,
+                                  per_request=any(not is_greedy(t, k) for t, k, _ in
+                                                  (r.sampling for r in records)))
+        eng = Engine(target, drafter, slots=args.slots,
+                     spec=spec if args.policy == "fixed" and drafter is not None else None,
+                     policy="auto" if args.policy == "auto" and drafter is not None else None,
+                     sampling=sampling, max_new_tokens=max(1, max(r.max_new for r in records)),
+                     longest_prompt=max(len(r.ids) for r in records), chunk=args.chunk,
+                     kernels=args.kernels, prefill_chunk=args.prefill_chunk)
+        by_index = dict(enumerate(records))
+        reqs = [Request(r.ids, r.max_new, seed=r.seed, stop_ids=r.stop, id=r.id,
+                        temperature=r.sampling[0], top_k=r.sampling[1], top_p=r.sampling[2])
+                for r in records]
+        for d in eng.stream(reqs, order="longest"):
+            if d.done:
+                c, r = d.completion, by_index[d.index]
+                s = c.stats
+                write({"id": r.id, "line": r.line, "text": c.text, "token_ids": c.tokens,
+                       "new_tokens": s["new_tokens"],
+                       "mean_accept_len": s.get("mean_accept_len", 1.0),
+                       "iterations": s["iterations"], "stop_reason": s["stop_reason"],
+                       "latency_s": round(s["latency_s"], 4)})
+                finished += 1
+                tokens += s["new_tokens"]
+                accepted.append(s.get("mean_accept_len", 1.0))
+                bar.update(1)
+                bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - t0):.0f}",
+                                accept=f"{sum(accepted) / len(accepted):.2f}")
+            if stop.requested:
+                return finished
     finally:
         bar.close()
     return finished
