@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec import logprobs as L
+from jspec.logprobs import check_k  # noqa: F401  (re-exported for the engine)
 
 from jspec.engine.buckets import bucket_of
 from jspec.scoring import Scorer, score_host
