@@ -11,6 +11,8 @@ jspec.bench`` (run from the repository root) and runnable as ``python -m benchma
 * ``aot_kernels`` — the Pallas kernels compiled deviceless for TPU v5e/v6e/v5p and the H200.
 * ``load`` — host memory of loading a checkpoint onto a mesh.
 * ``long_run`` — memory and compile counts over a long generation and many calls.
+* ``serve_load`` — ``python -m jspec serve`` under concurrent mixed load: correctness,
+  RSS, tok/s against the in-process engine, TTFT.
 * ``kernels`` — tree attention at Llama-3-8B attention shapes (a device script).
 * ``phases`` — kernel time per phase of the compiled speculative loop (profiler).
 * ``device`` — the prepared one-accelerator script (sections in ``device_sections``, sizes
