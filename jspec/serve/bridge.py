@@ -115,7 +115,7 @@ class Bridge:
 
     @property
     def live(self) -> int:
-        return int(getattr(self.engine, "live", 0))
+        return self.engine.live
 
     # ------------------------------------------------------------ requests
     def new_id(self, prefix: str) -> str:

@@ -11,7 +11,7 @@ from fastapi.responses import StreamingResponse
 
 from jspec import messages as chat_messages
 from jspec.serve import errors, responses as R
-from jspec.serve.context import Served, finish_reason
+from jspec.serve.context import Served
 from jspec.serve.errors import APIError
 from jspec.serve.protocol import ChatRequest
 
@@ -53,7 +53,7 @@ async def create(s: Served, body: ChatRequest, http: HTTPRequest):
         job.cancel()                 # a client gone mid-wait frees its slot
     lp = None if k is None else R.chat_logprobs(s.tokens, c.tokens, c.logprobs or [])
     return {**R.head(cid, "chat.completion", s.model),
-            "choices": [R.chat_choice(0, c.text or "", finish_reason(c), lp)],
+            "choices": [R.chat_choice(0, c.text or "", c.finish_reason, lp)],
             "usage": R.usage(len(c.prompt_ids), len(c.tokens))}
 
 
@@ -67,13 +67,13 @@ async def _stream(s: Served, body: ChatRequest, http, job, cid, k):
             _, d = await job.next()    # a disconnect cancels this generator
             lp = None
             if k is not None and d.tokens:
-                lp = R.chat_logprobs(s.tokens, d.tokens, getattr(d, "logprobs", None) or [])
+                lp = R.chat_logprobs(s.tokens, d.tokens, d.logprobs or [])
             if d.text or lp:
                 yield R.sse(chunk(R.chat_delta(0, {"content": d.text or ""}, logprobs=lp)))
             if d.done:
                 c = d.completion
                 usage = R.usage(len(c.prompt_ids), len(c.tokens))
-                yield R.sse(chunk(R.chat_delta(0, {}, finish_reason(c))))
+                yield R.sse(chunk(R.chat_delta(0, {}, c.finish_reason)))
         if body.include_usage:
             yield R.sse({**head, "choices": [], "usage": usage})
         yield R.sse("[DONE]")

@@ -11,7 +11,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import StreamingResponse
 
 from jspec.serve import errors, responses as R
-from jspec.serve.context import Served, finish_reason
+from jspec.serve.context import Served
 from jspec.serve.errors import APIError
 from jspec.serve.protocol import CompletionRequest
 
@@ -59,9 +59,9 @@ async def create(s: Served, body: CompletionRequest, http: HTTPRequest):
         if body.logprobs is not None:
             leg = R.Legacy(s.tokens)
             if body.echo:
-                lp = leg.entries(c.prompt_ids, getattr(c, "prompt_logprobs", None) or [])
+                lp = leg.entries(c.prompt_ids, c.prompt_logprobs or [])
             lp = R.merge_legacy(lp, leg.entries(c.tokens, c.logprobs or []))
-        choices.append(R.completion_choice(i, head + (c.text or ""), finish_reason(c), lp))
+        choices.append(R.completion_choice(i, head + (c.text or ""), c.finish_reason, lp))
     return {**R.head(cid, "text_completion", s.model), "choices": choices,
             "usage": R.usage(n_prompt, n_out)}
 
@@ -79,8 +79,8 @@ async def _stream(s: Served, body: CompletionRequest, http, job, cid, prompts):
             i, d = await job.next()    # a disconnect cancels this generator
             lp = None
             if body.logprobs is not None and d.tokens:
-                lp = legacy[i].entries(d.tokens, getattr(d, "logprobs", None) or [])
-            finish = finish_reason(d.completion) if d.done else None
+                lp = legacy[i].entries(d.tokens, d.logprobs or [])
+            finish = d.completion.finish_reason if d.done else None
             if d.text or lp or finish:
                 yield R.sse(chunk(R.completion_choice(i, d.text or "", finish, lp)))
             if d.done:

@@ -64,7 +64,7 @@ class Served:
                 prompt_logprobs: bool = False, **kw) -> Request:
         """An engine request with ``body``'s sampling, seed and stops. A sampled request
         without a seed gets a fresh one (OpenAI's requests differ unless seeded); a greedy
-        one's seed is unused. Fields the engine's Request lacks are a 400, not a crash."""
+        one's seed is unused."""
         extra = body.sampling()
         stops = body.stops()
         if stops:
@@ -74,16 +74,4 @@ class Served:
         if prompt_logprobs:
             extra["prompt_logprobs"] = True
         seed = body.seed if body.seed is not None else secrets.randbelow(2 ** 31)
-        try:
-            return Request(id=id_, seed=seed, **kw, **extra)
-        except TypeError as e:
-            raise APIError(f"this engine does not take {sorted(extra)} yet ({e})") from e
-
-
-def finish_reason(completion) -> str:
-    """The completion's finish reason (``stop``, ``length``); from its stats for an engine
-    that does not set one."""
-    r = getattr(completion, "finish_reason", None)
-    if r:
-        return r
-    return "length" if completion.stats.get("stop_reason") == "max_new_tokens" else "stop"
+        return Request(id=id_, seed=seed, **kw, **extra)

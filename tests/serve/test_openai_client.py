@@ -52,6 +52,17 @@ def http(server, method, path, headers=None, timeout=120, **kw):
 def load(server) -> dict:
     return http(server, "GET", "/load").json()
 
+def assert_cancelled_once(server, before: int) -> None:
+    """Wait (up to 30 s) until the server is idle with one more cancelled request than
+    ``before``, and assert exactly that."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        state = load(server)
+        if state["server_load"] == 0 and state["finished"].get("cancelled", 0) > before:
+            break
+        time.sleep(0.1)
+    assert state["server_load"] == 0 and state["finished"]["cancelled"] == before + 1, state
+
 
 def test_health_is_503_until_warm_then_200(server):
     assert server.health[0] == 503 and server.health[-1] == 200, server.health
@@ -250,13 +261,7 @@ def test_disconnect_mid_stream_frees_the_slot(server):
         assert first.startswith("data: ")
         state = load(server)
         assert state["server_load"] == 1, (state, first[-300:])
-    deadline = time.monotonic() + 30           # closed: the engine cancels at a chunk boundary
-    while time.monotonic() < deadline:
-        state = load(server)
-        if state["server_load"] == 0 and state["finished"].get("cancelled", 0) > before:
-            break
-        time.sleep(0.1)
-    assert state["server_load"] == 0 and state["finished"]["cancelled"] == before + 1, state
+    assert_cancelled_once(server, before)      # closed: the engine cancels at a chunk boundary
 
 
 def test_disconnect_while_waiting_frees_the_slot(server):
@@ -272,13 +277,7 @@ def test_disconnect_while_waiting_frees_the_slot(server):
         deadline = time.monotonic() + 30
         while load(server)["server_load"] == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        state = load(server)
-        if state["server_load"] == 0 and state["finished"].get("cancelled", 0) > before:
-            break
-        time.sleep(0.1)
-    assert state["server_load"] == 0 and state["finished"]["cancelled"] == before + 1, state
+    assert_cancelled_once(server, before)
 
 
 def test_echo_streams_the_prompt_first(client):
