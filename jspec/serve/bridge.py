@@ -29,8 +29,9 @@ class Job:
     """The engine requests of one HTTP request: their ids, and the queue their deltas
     reach as ``(choice index, delta)``."""
 
-    def __init__(self, bridge: "Bridge"):
+    def __init__(self, bridge: "Bridge", stream: bool = True):
         self.bridge = bridge
+        self.stream = stream                 # False: only the done deltas are delivered
         self.queue: asyncio.Queue = asyncio.Queue()
         self.rids: list[Any] = []            # what Engine.submit returned, per choice
         self.open: set[int] = set()          # choices without their done delta yet
@@ -130,13 +131,18 @@ class Bridge:
             except ValueError as e:
                 raise APIError(str(e)) from e
 
-    def submit(self, requests) -> Job:
-        """Submit the requests (checked: :meth:`check`) as the choices of one job."""
+    def submit(self, requests, stream: bool = True) -> Job:
+        """Submit the requests as the choices of one job. ``stream=False``: the job hears
+        only each choice's done delta (a non-streamed answer needs nothing else, and the
+        loop is not woken for every chunk). Several choices are all checked (:meth:`check`)
+        before any is submitted; one is checked by ``Engine.submit`` itself (the template
+        rendered and the prompt tokenized once)."""
         if not self.ready:
             raise APIError(self.failed or "the engine is warming up; retry when /health is 200",
                            status=503)
-        self.check(requests)
-        job = Job(self)
+        if len(requests) > 1:
+            self.check(requests)
+        job = Job(self, stream)
         try:
             for choice, r in enumerate(requests):
                 with self._lock:     # routed before submit: a delta may come at once
@@ -173,7 +179,7 @@ class Bridge:
                 route = self._routes.get(delta.id)
                 if route is not None and delta.done:
                     del self._routes[delta.id]
-            if route is None:
+            if route is None or not (delta.done or route[0].stream):
                 return
             job, choice = route
             self.loop.call_soon_threadsafe(job.queue.put_nowait, (choice, delta))

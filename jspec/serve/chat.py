@@ -39,7 +39,7 @@ def _prepare(s: Served, body: ChatRequest):
 
 async def create(s: Served, body: ChatRequest, http: HTTPRequest):
     cid, k, req = _prepare(s, body)
-    job = s.bridge.submit([req])
+    job = s.bridge.submit([req], stream=body.stream)
     if body.stream:
         return StreamingResponse(_stream(s, body, http, job, cid, k),
                                  media_type="text/event-stream")

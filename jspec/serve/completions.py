@@ -38,7 +38,7 @@ def _prompt_text(s: Served, prompt) -> str:
 
 async def create(s: Served, body: CompletionRequest, http: HTTPRequest):
     cid, prompts, reqs = _prepare(s, body)
-    job = s.bridge.submit(reqs)
+    job = s.bridge.submit(reqs, stream=body.stream)
     if body.stream:
         return StreamingResponse(_stream(s, body, http, job, cid, prompts),
                                  media_type="text/event-stream")
