@@ -353,6 +353,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         if getattr(args, "model", None):        # a fetchable name (smollm2) becomes its path
+            args.model_as_given = args.model     # (the server still answers to the name)
             args.model = resolve_model(args.model)
         return COMMANDS[args.command][1](args)
     except (ValueError, FileNotFoundError, RuntimeError) as e:

@@ -19,7 +19,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    "(smollm2), or 'default' for the shipped model")
     p.add_argument("--drafter", help="as for generate (a checkpoint, random:KIND, ngram[:..])")
     p.add_argument("--served-model-name", help="the name clients send as 'model' (default: "
-                   "--model as given, or the model file's name)")
+                   "--model's fetchable name or 'default' as given, else the model file's name)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: "
                    "this machine only)")
     p.add_argument("--port", type=int, default=8000)
@@ -55,10 +55,13 @@ def load_model(path: str):
 
 
 def served_names(args) -> tuple[str, ...]:
-    """The names a request's 'model' may use: the chosen one first, then --model itself."""
-    first = args.served_model_name or (args.model if args.model == "default"
-                                       else Path(args.model).name)
-    return tuple(dict.fromkeys([first, str(args.model)]))
+    """The names a request's 'model' may use: the chosen one first, then --model as given
+    (a fetchable name: ``smollm2``), its path, and the model file's name."""
+    given = str(getattr(args, "model_as_given", args.model))
+    path = str(args.model)
+    first = args.served_model_name or (given if given != path or given == "default"
+                                       else Path(path).name)
+    return tuple(dict.fromkeys([first, given, path, Path(path).name]))
 
 
 def build(args, target=None):

@@ -11,7 +11,6 @@ cached). Without it, and without network to fetch it, the module skips.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,14 +18,12 @@ from pathlib import Path
 import pytest
 
 import jspec
+from helpers import xla_env
 
 GOLDEN_FILE = Path(__file__).parents[1] / "data" / "smollm2_golden.json"
 GOLDEN = json.loads(GOLDEN_FILE.read_text())
 ROWS = GOLDEN["rows"]
 N = GOLDEN["new_tokens"]
-# The suite's compile-time shortcuts (tests/conftest.py), left out of the subprocess.
-SUITE_ONLY_FLAGS = ("--xla_backend_optimization_level", "--xla_llvm_disable_expensive_passes",
-                    "--xla_cpu_use_fusion_emitters")
 
 
 def fetch_path() -> Path:
@@ -64,9 +61,7 @@ def paths(smollm2, tmp_path_factory):
     """Every path's tokens, from one subprocess compiled with XLA's full optimisation
     (``tests/helpers/smollm2_paths.py`` says why)."""
     out = tmp_path_factory.mktemp("smollm2") / "paths.json"
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if not f.startswith(SUITE_ONLY_FLAGS))
+    env = xla_env.full_optimisation()
     script = Path(__file__).parents[1] / "helpers" / "smollm2_paths.py"
     p = subprocess.run([sys.executable, str(script), str(fetch_path()), str(GOLDEN_FILE),
                         str(out)], env=env, capture_output=True, text=True, timeout=900)

@@ -46,11 +46,11 @@ class Server:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
 
 
-def start(args: list[str], log: Path, timeout_s: float = 600) -> Server:
+def start(args: list[str], log: Path, timeout_s: float = 600, env: dict | None = None) -> Server:
     port = free_port()
     cmd = [sys.executable, "-m", "jspec", "serve", "--host", "127.0.0.1", "--port", str(port),
            *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     out = open(log, "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
     out.close()
