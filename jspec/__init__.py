@@ -1,7 +1,11 @@
 """jspec: speculative decoding for JAX."""
 
+from jspec import compile_cache as _compile_cache
+
+_compile_cache.enable()        # jax's persistent cache, on by default (JSPEC_COMPILE_CACHE=0: off)
+
 from jspec.config import ConfigError, LlamaConfig, RopeConfig
-from jspec.generate import GenerationResult, generate
+from jspec.generate import GenerationResult, generate, warmup
 # Eager, unlike load_target: importing the submodule jspec.chat later would rebind the
 # package's `chat` attribute to the module. It costs nothing (it needs only generate).
 from jspec.chat import ChatResult, chat
@@ -10,7 +14,7 @@ from jspec.sampling import SamplingConfig
 from jspec.target import Target
 
 __all__ = ["ChatResult", "ConfigError", "LlamaConfig", "RopeConfig", "GenerationResult",
-           "chat", "generate",
+           "chat", "generate", "warmup",
            "KVCacheExhaustedError", "SamplingConfig", "Target", "load_target"]
 
 

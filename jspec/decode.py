@@ -150,20 +150,28 @@ class PlainDecoder:
         return logits, cache.replace(lengths=prompt_lens.astype(jnp.int32))
 
     @functools.partial(jax.jit, static_argnames=("self",))
-    def run(self, params, prompt, prompt_lens, page_table, stop_ids, max_new, key) -> DecodeState:
+    def run(self, params, prompt, prompt_lens, page_table, stop_ids, max_new, key,
+            rows=None) -> DecodeState:
         """``params``: packed (:attr:`jspec.target.Target.serving_params`) or checkpoint
         layout (then packed inside, once per call). ``prompt [B, T]`` right-padded;
         ``page_table [B, max_pages]``; ``stop_ids [B, S]``
-        padded with -1; ``max_new [B]``; ``key`` one PRNG key. On a mesh the loop runs per
-        data shard (:func:`jspec.sharding.per_data_shard`): ``num_pages`` is one shard's pool
-        and the page table holds shard-local page ids."""
+        padded with -1; ``max_new [B]``; ``key`` one PRNG key (split into the rows' keys
+        here) or the rows' keys ``[B]``; ``rows``: each row's sampling settings as runtime
+        values (:class:`jspec.sampling.RowSampling`; None: the static config's). On a mesh
+        the loop runs per data shard (:func:`jspec.sharding.per_data_shard`): ``num_pages``
+        is one shard's pool and the page table holds shard-local page ids."""
         TRACE_COUNTS["plain"] += 1
         params = pack_params(self.config, params)      # a no-op for packed (serving) params
-        row_keys = jax.random.split(key, prompt.shape[0])     # the same keys on any mesh
-        loop = self._loop if self.mesh is None else per_data_shard(self.mesh, self._loop, 1)
-        return loop(params, prompt, prompt_lens, page_table, stop_ids, max_new, row_keys)
+        # The same keys on any mesh.
+        row_keys = key if key.shape else jax.random.split(key, prompt.shape[0])
+        if self.mesh is None:
+            return self._loop(params, prompt, prompt_lens, page_table, stop_ids, max_new,
+                              row_keys, rows)
+        return per_data_shard(self.mesh, self._loop, 1)(params, prompt, prompt_lens, page_table,
+                                                         stop_ids, max_new, row_keys)
 
-    def _loop(self, params, prompt, prompt_lens, page_table, stop_ids, max_new, row_keys):
+    def _loop(self, params, prompt, prompt_lens, page_table, stop_ids, max_new, row_keys,
+              rows=None):
         c = self.config
         B = prompt.shape[0]
         cache = kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, page_table,
@@ -177,7 +185,7 @@ class PlainDecoder:
             row_keys=row_keys, step=jnp.zeros((), jnp.int32),
             logprobs=None if self.logprobs_k is None else
             logprobs.empty(B, self.max_new_tokens, self.logprobs_k),
-            sampling=self.sampling.rows(B))
+            sampling=self.sampling.rows(B) if rows is None else rows)
         tok = sample(logits, row_step_keys(state), self.sampling, state.sampling)
         state = emit(state, tok, stop_ids, max_new, finite_rows(logits),
                      self.token_logprobs(logits, tok))

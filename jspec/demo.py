@@ -35,7 +35,7 @@ from typing import Callable
 
 import jax
 
-from jspec import atomic
+from jspec import atomic, compile_cache as compile_cache_mod
 from jspec.cache import cache_dir
 from jspec.shipped import default_model, shipped_drafters
 from jspec.spec_config import SpecConfig
@@ -283,11 +283,8 @@ def run(model: str | None, prompt: str | None, n: int, *, recalibrate: bool = Fa
     import jspec
     from jspec.drafters import load_drafter
 
-    if compile_cache and not jax.config.jax_compilation_cache_dir:
-        # Compiling the unrolled 16-layer default target takes 10-25 s a program on 2 cores;
-        # JAX's persistent cache makes every run after the first start in seconds.
-        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "xla"))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    if compile_cache:      # on already, unless JSPEC_COMPILE_CACHE=0 (the demo insists)
+        compile_cache_mod.enable(force=True)
     path = Path(model) if model else default_model()
     target = jspec.load_target(path)
     cfg = target.config

@@ -23,9 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-import jax
-
-from jspec.cache import cache_dir
+from jspec import compile_cache as compile_cache_mod
 from jspec.timing import round_robin, wall_s
 
 MESSAGE = ("Fix the spelling mistakes in this paragraph and return the corrected paragraph:\n\n"
@@ -67,10 +65,8 @@ def run(model: str | Path, message: str | None, n: int, *, steps: int = CHAIN,
     from jspec.drafters import ngram_drafter
     from jspec.spec_config import SpecConfig
 
-    if compile_cache and not jax.config.jax_compilation_cache_dir:
-        # A 30-layer program compiles in several seconds; later runs read it from disk.
-        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "xla"))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    if compile_cache:      # on already, unless JSPEC_COMPILE_CACHE=0 (the demo insists)
+        compile_cache_mod.enable(force=True)
     target = jspec.load_target(model)
     cfg = target.config
     print(f"model: {Path(model).name} ({cfg.num_layers} layers, hidden {cfg.hidden_size}, "

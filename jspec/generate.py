@@ -54,7 +54,7 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
              spec: SpecConfig | str | None = None,
              forced_accept: float = 0.0, profile: bool = False,
              kernels: str = "auto", slots: int | None = None,
-             logprobs: int | None = None) -> GenerationResult:
+             logprobs: int | None = None, exact_shapes: bool = False) -> GenerationResult:
     """Generate continuations of ``prompts``: with the target alone, or speculatively.
 
     ``prompts``: one prompt or a list; each a string (needs a tokenizer) or token ids.
@@ -99,6 +99,13 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     with a drafter, from the verify pass's logits). Prompt logprobs:
     :func:`jspec.scoring.teacher_forced`, or :meth:`jspec.engine.Engine.score`.
 
+    ``exact_shapes``: compile for this call's exact shapes. By default (on one device, without
+    ``profile``) the rows, the prompt block and the KV length are rounded up to buckets and the
+    sampling settings are runtime values (:mod:`jspec.shape_buckets`), so calls that differ in
+    their sizes, ``max_new_tokens`` or sampling settings share compiled programs; the output
+    is the same either way. A compile is logged at INFO (``jspec``), and :func:`warmup`
+    compiles buckets ahead of time.
+
     ``slots``: with more prompts than this, the prompts run through a
     :class:`jspec.engine.Engine` of that many slots, refilled as rows finish, instead of one
     batch of every prompt; results come back in input order. Without it, they do when one
@@ -130,7 +137,7 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
              kv=KVConfig(page_size, num_pages, max_len, kv_admission, prompt_bucket,
                          prefill_chunk), mesh=mesh,
              drafter=drafter, spec=spec, forced_accept=forced_accept, kernels=kernels,
-             logprobs_k=logprobs)
+             logprobs_k=logprobs, exact_shapes=exact_shapes or profile)
     t0 = time.perf_counter()
     state, prof = p.run(jax.random.key(seed) if key is None else key, profile=profile)
     tokens, stats = p.collect(state)
@@ -139,6 +146,31 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
                  None if drafter is None or forced_accept else drafter)
     res.logprobs = p.collect_logprobs(state)
     return res
+
+
+def warmup(target: Target, drafter=None, *, batch_sizes: Sequence[int] = (1,),
+           prompt_lengths: Sequence[int] = (16,), max_new_tokens: Sequence[int] = (64,),
+           sampled: Sequence[bool] = (False,), spec: SpecConfig | str | None = None,
+           logprobs: int | None = None, stop_ids=None, page_size: int = 16,
+           prompt_bucket: int = 16, kernels: str = "auto") -> int:
+    """Compile ``generate``'s programs ahead of time for every combination of the batch
+    sizes, prompt lengths (tokens), ``max_new_tokens`` and greedy/sampled (``sampled``:
+    False, True or both) named, with these ``drafter``/``spec``/``logprobs``; later
+    ``generate`` calls in the same buckets (:mod:`jspec.shape_buckets`) compile nothing.
+    Returns how many programs were compiled here (those already compiled in this process
+    are skipped; the persistent cache, :mod:`jspec.compile_cache`, makes the rest fast)."""
+    import itertools
+    from jspec import plan as plans
+    before = len(plans._EXECUTABLES)
+    for B, P, N, s in itertools.product(batch_sizes, prompt_lengths, max_new_tokens, sampled):
+        if B < 1 or P < 1:
+            raise ValueError(f"warmup: batch size {B} and prompt length {P} must be >= 1")
+        p = plan(target, [[0] * P] * B, max_new_tokens=N,
+                 sampling=SamplingConfig(1.0) if s else SamplingConfig(), stop_ids=stop_ids,
+                 kv=KVConfig(page_size, prompt_bucket=prompt_bucket), drafter=drafter,
+                 spec=spec, kernels=kernels, logprobs_k=logprobs)
+        p.executable()
+    return len(plans._EXECUTABLES) - before
 
 
 def check_acceptance(target, drafter, prompts, new_tokens: int = 48) -> float:

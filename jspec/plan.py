@@ -13,18 +13,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec import distributed as dist
+from jspec import distributed as dist, shape_buckets as buckets
 from jspec import kv_cache as kvc, position_stats
 from jspec.decode import STOP_REASONS, PlainDecoder
 from jspec.kernels import check_mode as check_kernels, resolve as resolve_kernels
 from jspec.logprobs import TokenLogprob, check_k, host_rows
-from jspec.sampling import SamplingConfig
+from jspec.sampling import RowSampling, SamplingConfig
 from jspec.sharding import batch_sharding
 from jspec.spec_config import SpecConfig
 from jspec.spec_decode import SpecDecoder
@@ -35,6 +36,16 @@ from jspec.tune_store import resolve_spec
 log = logging.getLogger("jspec")
 
 ADMISSIONS = ("reserve", "partial")
+# A bucketed sampled batch compiles this config and carries its settings as runtime values
+# (jspec.sampling.RowSampling), so one program serves every temperature, top-k and top-p.
+RUNTIME_SAMPLING = SamplingConfig(temperature=1.0, per_request=True)
+_EXECUTABLES: dict = {}              # Plan.executable's compiled decoders, by signature
+
+
+def clear_compiled() -> None:
+    """Drop the compiled decoders :meth:`Plan.executable` keeps (``jax.clear_caches`` does
+    not reach them)."""
+    _EXECUTABLES.clear()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +162,7 @@ def resolve_drafting(target: Target, drafter, spec, batch: int,
 
 
 def admit(lens, limits, overshoot, prompt_bucket, max_len, page_size, num_pages, shards=1,
-          agreed=None, admission="reserve"):
+          agreed=None, admission="reserve", bucketed=False, max_positions=None):
     """Static shapes and pages for a batch: ``(T, cap_new, num_pages, page_table)``.
 
     A row needs its prompt, its new tokens and the speculative overshoot (the prefill
@@ -163,6 +174,9 @@ def admit(lens, limits, overshoot, prompt_bucket, max_len, page_size, num_pages,
     with a pool of its own; ``num_pages`` (given: the total) is then one shard's pool and
     the table holds page ids local to each row's shard. ``agreed``: (longest prompt, most new
     tokens) over every process of a multi-host run, so all compile the same shapes.
+    ``bucketed``: the prompt block and (``max_len`` None) the KV length are rounded up to
+    :mod:`jspec.shape_buckets`' buckets (the KV no further than ``max_positions``, the
+    model's, unless the batch needs more), the output buffer (``cap_new``) filling the KV.
     """
     if admission not in ADMISSIONS:
         raise ValueError(f"kv_admission={admission!r}: expected one of {ADMISSIONS}")
@@ -170,6 +184,11 @@ def admit(lens, limits, overshoot, prompt_bucket, max_len, page_size, num_pages,
     top_len, top_new = agreed if agreed is not None else (int(lens.max()), int(limits.max()))
     cap_new = max(1, top_new)
     T = int(math.ceil(top_len / prompt_bucket) * prompt_bucket)
+    if bucketed:
+        T = buckets.prompt(top_len, prompt_bucket)
+        if max_len is None:
+            max_len = buckets.kv(T + cap_new + overshoot, max_positions)
+            cap_new = max_len - T - overshoot
     if max_len is None:
         max_len = T + cap_new + overshoot
     for r in range(B):
@@ -226,14 +245,25 @@ class Plan:
     args: tuple                      # device arrays: prompt, lens, page_table, stops, limits
     mesh: Any = None
     multi: bool = False
+    # Bucketed shapes (jspec.shape_buckets): the rows' sampling settings as runtime values
+    # (None: the decoder's static config), and the compiled (rows, prompt block, KV length).
+    rows: RowSampling | None = None
+    bucketed: bool = False
+    shape: tuple = ()
 
     @property
     def batch(self) -> int:
         return len(self.ids)
 
     def call_args(self, key):
-        """The decoder's arguments, in its ``run`` order, for ``key``."""
+        """The decoder's arguments, in its ``run`` order, for ``key``. Bucketed, the rows'
+        keys are split here for the real rows (so a row draws what it would in a batch of
+        exactly these rows) and the padding rows reuse the first."""
         prompt, lens, table, stops, limits = self.args
+        if self.bucketed:
+            keys = jax.random.split(key, self.batch)
+            pad = prompt.shape[0] - self.batch
+            key = jnp.concatenate([keys, jnp.repeat(keys[:1], pad)]) if pad else keys
         params = self.target.serving_params
         if self.drafter is None:
             return (params, prompt, lens, table, stops, limits, key)
@@ -243,7 +273,30 @@ class Plan:
         """``(final state, profile dict or None)``."""
         if profile and self.drafter is not None:     # plain decoding has no phases to split
             return self.decoder.profile(*self.call_args(key))
-        return self.decoder.run(*self.call_args(key)), None
+        args = self.call_args(key)
+        if not self.bucketed:
+            return self.decoder.run(*args), None
+        return self.executable(args)(*args, rows=self.rows), None
+
+    def executable(self, args=None):
+        """The compiled decoder for these shapes, compiled once per process (and read from
+        jax's persistent cache when another process compiled it: :mod:`jspec.compile_cache`);
+        a compile is logged at INFO with its shapes and seconds."""
+        args = self.call_args(jax.random.key(0)) if args is None else args
+        leaves, tree = jax.tree.flatten((args, self.rows))
+        sig = (self.decoder, tree, tuple((x.shape, str(x.dtype)) for x in leaves))
+        exe = _EXECUTABLES.get(sig)
+        if exe is None:
+            kind = (f"{'plain' if self.drafter is None else 'speculative'} decoding "
+                    f"({'sampled' if self.decoder.sampling.may_sample else 'greedy'})")
+            B, T, L = self.shape
+            log.info("compiling %s for batch %d, prompt %d, KV %d ...", kind, B, T, L)
+            t0 = time.perf_counter()
+            exe = self.decoder.run.trace(self.decoder, *args, rows=self.rows).lower().compile()
+            log.info("compiled %s for batch %d, prompt %d, KV %d in %.1f s", kind, B, T, L,
+                     time.perf_counter() - t0)
+            _EXECUTABLES[sig] = exe
+        return exe
 
     def lower(self, key: jax.Array | None = None):
         """The decoder's whole program lowered with abstract arguments (nothing runs)."""
@@ -252,7 +305,7 @@ class Plan:
                                                                sharding=getattr(x, "sharding",
                                                                                 None)),
                                 self.call_args(key))
-        return self.decoder.run.trace(self.decoder, *abstract).lower()
+        return self.decoder.run.trace(self.decoder, *abstract, rows=self.rows).lower()
 
     def collect(self, state) -> tuple[list[list[int]], list[dict]]:
         """``(tokens per row, stats per row)`` of a final state, this process's rows."""
@@ -301,10 +354,11 @@ def row_stats(prompt_len: int, new_tokens: int, iterations: int, reason: int, hi
 def plan(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
          sampling: SamplingConfig = SamplingConfig(), stop_ids=None, kv: KVConfig = KVConfig(),
          mesh=None, drafter=None, spec: SpecConfig | str | None = None,
-         forced_accept: float = 0.0, kernels: str = "auto", logprobs_k: int | None = None
-         ) -> Plan:
+         forced_accept: float = 0.0, kernels: str = "auto", logprobs_k: int | None = None,
+         exact_shapes: bool = False) -> Plan:
     """Check a request and build its compiled decoder; see :func:`jspec.generate` for the
-    arguments. Every error a request can have is raised here, before anything compiles."""
+    arguments. Every error a request can have is raised here, before anything compiles.
+    Shapes are bucketed (:mod:`jspec.shape_buckets`) on one device unless ``exact_shapes``."""
     check_kernels(kernels)
     logprobs_k = check_k(logprobs_k, "logprobs")
     ids, is_text = prompt_ids(target, prompts)
@@ -326,17 +380,31 @@ def plan(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
     if multi:
         *agreed, width = dist.agree(B, [lens.max(), limits.max(), stops.shape[1]])
         stops = np.pad(stops, ((0, 0), (0, width - stops.shape[1])), constant_values=-1)
+    # Bucketed shapes (jspec.shape_buckets) on one device. Rows are not padded under a page
+    # budget the caller set (theirs to spend) or for a drafter with a row of parameters per
+    # batch row (the oracle's known answers).
+    bucketed = not exact_shapes and mesh is None
+    per_row = drafter is not None and getattr(drafter.module, "per_row_params", False)
+    Bc = buckets.rows(B) if bucketed and kv.num_pages is None and not per_row else B
+    if Bc > B:                       # padding rows: a 1-token prompt asking for nothing
+        lens = np.concatenate([lens, np.ones(Bc - B, np.int32)])
+        limits = np.concatenate([limits, np.zeros(Bc - B, np.int32)])
+        stops = np.concatenate([stops, np.full((Bc - B, stops.shape[1]), -1, np.int32)])
     T, cap_new, num_pages, page_table = admit(
         lens, limits, drafting.overshoot if drafting else 0, kv.prompt_bucket, kv.max_len,
-        kv.page_size, kv.num_pages, shards, agreed, kv.admission)
+        kv.page_size, kv.num_pages, shards, agreed, kv.admission, bucketed,
+        target.config.max_position_embeddings)
     kernels = resolve_kernels(kernels, target.config, page_size=kv.page_size,
                               num_nodes=drafting.N if drafting else 1,
                               max_depth=drafting.S if drafting else None,
-                              greedy=sampling.greedy, batch=B, max_pages=page_table.shape[1],
+                              greedy=sampling.greedy, batch=Bc, max_pages=page_table.shape[1],
                               num_pages=num_pages, mesh=mesh)
-    prompt = np.zeros((B, T), np.int32)
+    prompt = np.zeros((Bc, T), np.int32)
     for r, p in enumerate(ids):
         prompt[r, :len(p)] = p
+    rows_sampling = None
+    if bucketed and sampling.may_sample and not sampling.per_request:
+        rows_sampling, sampling = sampling.rows(Bc), RUNTIME_SAMPLING
     rows = [prompt, lens, page_table, stops, limits]
     if multi:
         rows = [dist.global_rows(mesh, x) for x in rows]
@@ -356,4 +424,5 @@ def plan(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
         decoder = SpecDecoder(drafter=served.module, spec=drafting.spec,
                               forced_accept=float(forced_accept), **common)
     return Plan(target=target, decoder=decoder, drafter=served, ids=ids, is_text=is_text,
-                args=tuple(rows), mesh=mesh, multi=multi)
+                args=tuple(rows), mesh=mesh, multi=multi, rows=rows_sampling,
+                bucketed=bucketed, shape=(Bc, T, page_table.shape[1] * kv.page_size))

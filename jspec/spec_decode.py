@@ -306,10 +306,10 @@ class SpecDecoder:
 
     # ------------------------------------------------------------------ run
     def initial_state(self, params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids,
-                      max_new, key) -> SpecState:
+                      max_new, key, rows=None) -> SpecState:
         S, _ = self.shape
         B = prompt.shape[0]
-        rows = self.sampling.rows(B)
+        rows = self.sampling.rows(B) if rows is None else rows
         cache, dstate, first, row_keys, finite, first_lp = self.prefill(
             params, dparams, prompt, prompt_lens, page_table, draft_table, key, rows)
         s = SpecState(
@@ -326,18 +326,23 @@ class SpecDecoder:
 
     @functools.partial(jax.jit, static_argnames=("self",))
     def run(self, params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids, max_new,
-            key) -> SpecState:
+            key, rows=None) -> SpecState:
+        """As :meth:`jspec.decode.PlainDecoder.run` (``key``: one key or the rows' keys;
+        ``rows``: runtime sampling settings), with the drafter's params and page table."""
         TRACE_COUNTS["spec"] += 1
         params = pack_params(self.config, params)   # a no-op for packed (serving) params
-        row_keys = jax.random.split(key, prompt.shape[0])     # the same keys on any mesh
-        loop = self._loop if self.mesh is None else per_data_shard(self.mesh, self._loop, 2)
-        return loop(params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids,
-                    max_new, row_keys)
+        # The same keys on any mesh.
+        row_keys = key if key.shape else jax.random.split(key, prompt.shape[0])
+        args = (params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids,
+                max_new, row_keys)
+        if self.mesh is None:
+            return self._loop(*args, rows)
+        return per_data_shard(self.mesh, self._loop, 2)(*args)
 
     def _loop(self, params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids,
-              max_new, row_keys) -> SpecState:
+              max_new, row_keys, rows=None) -> SpecState:
         s = self.initial_state(params, dparams, prompt, prompt_lens, page_table, draft_table,
-                               stop_ids, max_new, row_keys)
+                               stop_ids, max_new, row_keys, rows)
         return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
                                   lambda s: self.iterate(params, dparams, s, stop_ids, max_new), s)
 

@@ -65,7 +65,10 @@ def _free_compiled_programs():
     import gc
 
     import jax
+
+    from jspec.plan import clear_compiled
     jax.clear_caches()
+    clear_compiled()
     gc.collect()
 
 
