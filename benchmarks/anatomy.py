@@ -39,7 +39,7 @@ weights and no memory) and reads the compiled executable:
   ``bytes_MB`` is dominated by them at long contexts even when the write is in place.
 
 **How the programs are built.** As :func:`jspec.generate.generate` builds them: pages come
-from :func:`jspec.plan.admit` for ``B`` prompts of ``C`` tokens (the context) that
+from :func:`jspec.admission.admit` for ``B`` prompts of ``C`` tokens (the context) that
 ask for ``--max-new`` tokens plus the speculative overshoot; the decode states are the
 abstract outputs of the decoders' own functions (``PlainDecoder.run`` for the loop carry,
 ``SpecDecoder.initial_state``), so every shape is exactly the driver's. Arguments that the
@@ -76,7 +76,7 @@ from jspec.bench.registry import Command, run_module
 from jspec.config import LlamaConfig
 from jspec.decode import PlainDecoder
 from jspec.drafters import Drafter, random_drafter
-from jspec.plan import admit
+from jspec.admission import admit
 from jspec.platform import building_for
 from jspec.sampling import SamplingConfig
 from jspec.spec_config import SpecConfig

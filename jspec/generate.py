@@ -160,8 +160,8 @@ def warmup(target: Target, drafter=None, *, batch_sizes: Sequence[int] = (1,),
     Returns how many programs were compiled here (those already compiled in this process
     are skipped; the persistent cache, :mod:`jspec.compile_cache`, makes the rest fast)."""
     import itertools
-    from jspec import plan as plans
-    before = len(plans._EXECUTABLES)
+    from jspec import executables
+    before = executables.count()
     for B, P, N, s in itertools.product(batch_sizes, prompt_lengths, max_new_tokens, sampled):
         if B < 1 or P < 1:
             raise ValueError(f"warmup: batch size {B} and prompt length {P} must be >= 1")
@@ -170,7 +170,7 @@ def warmup(target: Target, drafter=None, *, batch_sizes: Sequence[int] = (1,),
                  kv=KVConfig(page_size, prompt_bucket=prompt_bucket), drafter=drafter,
                  spec=spec, kernels=kernels, logprobs_k=logprobs)
         p.executable()
-    return len(plans._EXECUTABLES) - before
+    return executables.count() - before
 
 
 def check_acceptance(target, drafter, prompts, new_tokens: int = 48) -> float:

@@ -2,7 +2,8 @@
 
 Everything host-side that ``generate`` does before it can run a compiled loop lives here,
 once: prompts to ids, stop ids, the drafter's spec and overshoot (:func:`resolve_drafting`),
-page admission (:func:`admit`), kernel resolution, and the decoder built with keyword
+page admission (:func:`jspec.admission.admit`), the bucketed shapes
+(:mod:`jspec.shape_buckets`), kernel resolution, and the decoder built with keyword
 arguments. Every check runs here, on the host, before anything is traced. The serving
 engine (:mod:`jspec.engine`), the tuner and the benchmarks use the same pieces, so a rule
 (say, how many slots a speculative row overshoots) is written in one place.
@@ -13,15 +14,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec import distributed as dist, shape_buckets as buckets
-from jspec import kv_cache as kvc, position_stats
+from jspec import distributed as dist, executables, position_stats, shape_buckets as buckets
+from jspec.admission import ADMISSIONS, admit
 from jspec.decode import STOP_REASONS, PlainDecoder
 from jspec.kernels import check_mode as check_kernels, resolve as resolve_kernels
 from jspec.logprobs import TokenLogprob, check_k, host_rows
@@ -35,17 +35,9 @@ from jspec.tune_store import resolve_spec
 
 log = logging.getLogger("jspec")
 
-ADMISSIONS = ("reserve", "partial")
 # A bucketed sampled batch compiles this config and carries its settings as runtime values
 # (jspec.sampling.RowSampling), so one program serves every temperature, top-k and top-p.
 RUNTIME_SAMPLING = SamplingConfig(temperature=1.0, per_request=True)
-_EXECUTABLES: dict = {}              # Plan.executable's compiled decoders, by signature
-
-
-def clear_compiled() -> None:
-    """Drop the compiled decoders :meth:`Plan.executable` keeps (``jax.clear_caches`` does
-    not reach them)."""
-    _EXECUTABLES.clear()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,67 +153,6 @@ def resolve_drafting(target: Target, drafter, spec, batch: int,
     return Drafting(drafter, spec, S, N, overshoot)
 
 
-def admit(lens, limits, overshoot, prompt_bucket, max_len, page_size, num_pages, shards=1,
-          agreed=None, admission="reserve", bucketed=False, max_positions=None):
-    """Static shapes and pages for a batch: ``(T, cap_new, num_pages, page_table)``.
-
-    A row needs its prompt, its new tokens and the speculative overshoot (the prefill
-    writes only real prompt positions; padding is masked). ``admission="reserve"`` refuses
-    a batch whose needs do not all fit; ``"partial"`` refuses only one whose minimums do not
-    (prompt plus one iteration's slots) and gives the rest out in row order
-    (:func:`jspec.kv_cache.partial_page_table`).
-    ``shards`` > 1 (a mesh's data axis): rows split into that many contiguous groups, each
-    with a pool of its own; ``num_pages`` (given: the total) is then one shard's pool and
-    the table holds page ids local to each row's shard. ``agreed``: (longest prompt, most new
-    tokens) over every process of a multi-host run, so all compile the same shapes.
-    ``bucketed``: the prompt block and (``max_len`` None) the KV length are rounded up to
-    :mod:`jspec.shape_buckets`' buckets (the KV no further than ``max_positions``, the
-    model's, unless the batch needs more), the output buffer (``cap_new``) filling the KV.
-    """
-    if admission not in ADMISSIONS:
-        raise ValueError(f"kv_admission={admission!r}: expected one of {ADMISSIONS}")
-    B = len(lens)
-    top_len, top_new = agreed if agreed is not None else (int(lens.max()), int(limits.max()))
-    cap_new = max(1, top_new)
-    T = int(math.ceil(top_len / prompt_bucket) * prompt_bucket)
-    if bucketed:
-        T = buckets.prompt(top_len, prompt_bucket)
-        if max_len is None:
-            max_len = buckets.kv(T + cap_new + overshoot, max_positions)
-            cap_new = max_len - T - overshoot
-    if max_len is None:
-        max_len = T + cap_new + overshoot
-    for r in range(B):
-        if lens[r] + limits[r] + overshoot > max_len:
-            extra = f" plus {overshoot} slots of speculative overshoot" if overshoot else ""
-            raise ValueError(
-                f"prompt {r} has {lens[r]} tokens and asks for {limits[r]} new ones{extra}, more "
-                f"than the cache length max_len={max_len}")
-    max_pages = kvc.pages_needed(max_len, page_size)
-    if num_pages is None:
-        num_pages = B * max_pages
-    local = num_pages // shards
-    need = [int(lens[r] + limits[r] + overshoot) for r in range(B)]
-    # One iteration writes `overshoot` slots past the committed length (plain decoding: 1).
-    floor = [min(need[r], int(lens[r]) + max(overshoot, 1)) for r in range(B)]
-    rows = B // shards
-    tables = []
-    for sh in range(shards):
-        part = slice(sh * rows, (sh + 1) * rows)
-        try:
-            if admission == "partial":
-                table = kvc.partial_page_table(floor[part], need[part], page_size, local,
-                                               max_pages)
-            else:
-                table = kvc.allocate_page_table(need[part], page_size, local, max_pages)
-        except kvc.KVCacheExhaustedError as e:
-            where = f" (data shard {sh}: rows {sh * rows}..{(sh + 1) * rows - 1}, {local} pages)" \
-                if shards > 1 else ""
-            raise kvc.KVCacheExhaustedError(f"{e}{where}") from None
-        tables.append(table)
-    return T, cap_new, local, np.concatenate(tables)
-
-
 def row_limits(max_new_tokens, B: int) -> np.ndarray:
     limits = np.broadcast_to(np.asarray(max_new_tokens, np.int64), (B,)).astype(np.int32)
     if np.any(limits < 0):
@@ -279,24 +210,13 @@ class Plan:
         return self.executable(args)(*args, rows=self.rows), None
 
     def executable(self, args=None):
-        """The compiled decoder for these shapes, compiled once per process (and read from
-        jax's persistent cache when another process compiled it: :mod:`jspec.compile_cache`);
-        a compile is logged at INFO with its shapes and seconds."""
+        """The compiled decoder for these shapes (:mod:`jspec.executables`: once a process)."""
         args = self.call_args(jax.random.key(0)) if args is None else args
-        leaves, tree = jax.tree.flatten((args, self.rows))
-        sig = (self.decoder, tree, tuple((x.shape, str(x.dtype)) for x in leaves))
-        exe = _EXECUTABLES.get(sig)
-        if exe is None:
-            kind = (f"{'plain' if self.drafter is None else 'speculative'} decoding "
-                    f"({'sampled' if self.decoder.sampling.may_sample else 'greedy'})")
-            B, T, L = self.shape
-            log.info("compiling %s for batch %d, prompt %d, KV %d ...", kind, B, T, L)
-            t0 = time.perf_counter()
-            exe = self.decoder.run.trace(self.decoder, *args, rows=self.rows).lower().compile()
-            log.info("compiled %s for batch %d, prompt %d, KV %d in %.1f s", kind, B, T, L,
-                     time.perf_counter() - t0)
-            _EXECUTABLES[sig] = exe
-        return exe
+        B, T, L = self.shape
+        what = (f"{'plain' if self.drafter is None else 'speculative'} decoding "
+                f"({'sampled' if self.decoder.sampling.may_sample else 'greedy'}) for batch "
+                f"{B}, prompt {T}, KV {L}")
+        return executables.get(self.decoder, args, self.rows, what)
 
     def lower(self, key: jax.Array | None = None):
         """The decoder's whole program lowered with abstract arguments (nothing runs)."""
@@ -351,6 +271,25 @@ def row_stats(prompt_len: int, new_tokens: int, iterations: int, reason: int, hi
     return row
 
 
+def _data_shards(mesh, multi: bool, B: int) -> int:
+    if mesh is None:
+        return 1
+    # Multi-host: this process's prompts fill the data shards on its own devices.
+    shards = dist.check_mesh(mesh) if multi else mesh.shape["data"]
+    if B % shards:
+        raise ValueError(f"batch of {B} rows does not split over the mesh's data axis of size "
+                         f"{shards}" + (" on this process" if multi else ""))
+    return shards
+
+
+def _place(rows: list, mesh, multi: bool) -> list:
+    if multi:
+        return [dist.global_rows(mesh, x) for x in rows]
+    if mesh is not None:
+        return [jax.device_put(x, batch_sharding(mesh, x.ndim)) for x in rows]
+    return [jnp.asarray(x) for x in rows]
+
+
 def plan(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
          sampling: SamplingConfig = SamplingConfig(), stop_ids=None, kv: KVConfig = KVConfig(),
          mesh=None, drafter=None, spec: SpecConfig | str | None = None,
@@ -368,14 +307,8 @@ def plan(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
     drafting = None
     if drafter is not None:
         drafting = resolve_drafting(target, drafter, spec, B, forced_accept)
-    shards, agreed, multi = 1, None, dist.is_multiprocess(mesh)
-    if mesh is not None:
-        # Multi-host: this process's prompts fill the data shards on its own devices.
-        shards = dist.check_mesh(mesh) if multi else mesh.shape["data"]
-        if B % shards:
-            raise ValueError(f"batch of {B} rows does not split over the mesh's "
-                             f"data axis of size {shards}" +
-                             (" on this process" if multi else ""))
+    agreed, multi = None, dist.is_multiprocess(mesh)
+    shards = _data_shards(mesh, multi, B)
     stops = stop_table(target, stop_ids, B)
     if multi:
         *agreed, width = dist.agree(B, [lens.max(), limits.max(), stops.shape[1]])
@@ -386,10 +319,7 @@ def plan(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
     bucketed = not exact_shapes and mesh is None
     per_row = drafter is not None and getattr(drafter.module, "per_row_params", False)
     Bc = buckets.rows(B) if bucketed and kv.num_pages is None and not per_row else B
-    if Bc > B:                       # padding rows: a 1-token prompt asking for nothing
-        lens = np.concatenate([lens, np.ones(Bc - B, np.int32)])
-        limits = np.concatenate([limits, np.zeros(Bc - B, np.int32)])
-        stops = np.concatenate([stops, np.full((Bc - B, stops.shape[1]), -1, np.int32)])
+    lens, limits, stops = buckets.pad_rows(Bc, lens, limits, stops)
     T, cap_new, num_pages, page_table = admit(
         lens, limits, drafting.overshoot if drafting else 0, kv.prompt_bucket, kv.max_len,
         kv.page_size, kv.num_pages, shards, agreed, kv.admission, bucketed,
@@ -405,13 +335,7 @@ def plan(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
     rows_sampling = None
     if bucketed and sampling.may_sample and not sampling.per_request:
         rows_sampling, sampling = sampling.rows(Bc), RUNTIME_SAMPLING
-    rows = [prompt, lens, page_table, stops, limits]
-    if multi:
-        rows = [dist.global_rows(mesh, x) for x in rows]
-    elif mesh is not None:
-        rows = [jax.device_put(x, batch_sharding(mesh, x.ndim)) for x in rows]
-    else:
-        rows = [jnp.asarray(x) for x in rows]
+    rows = _place([prompt, lens, page_table, stops, limits], mesh, multi)
     common = dict(config=target.config, sampling=sampling, max_new_tokens=cap_new,
                   page_size=kv.page_size, num_pages=num_pages, mesh=mesh, kernels=kernels,
                   prefill_chunk=kv.prefill_chunk, logprobs_k=logprobs_k)

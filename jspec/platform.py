@@ -14,6 +14,8 @@ import contextvars
 
 import jax
 
+from jspec import executables
+
 PLATFORMS = ("cpu", "gpu", "tpu")
 _target: contextvars.ContextVar[str | None] = contextvars.ContextVar("jspec_platform", default=None)
 
@@ -32,10 +34,10 @@ def building_for(platform: str):
     """
     if platform not in PLATFORMS:
         raise ValueError(f"platform {platform!r}: choose one of {PLATFORMS}")
-    jax.clear_caches()
+    executables.clear_all()
     token = _target.set(platform)
     try:
         yield
     finally:
         _target.reset(token)
-        jax.clear_caches()
+        executables.clear_all()

@@ -20,6 +20,8 @@ docs/performance.md has what the padding costs.
 
 from __future__ import annotations
 
+import numpy as np
+
 MIN_KV = 256
 
 
@@ -41,3 +43,14 @@ def kv(need: int, max_positions: int | None = None) -> int:
     no more than ``max_positions`` (the model's) unless ``need`` itself is more."""
     out = max(MIN_KV, pow2_at_least(need))
     return out if max_positions is None else min(out, max(need, max_positions))
+
+
+def pad_rows(batch: int, lens, limits, stops):
+    """``lens``, ``limits`` and the stop table with padding rows up to ``batch``: a 1-token
+    prompt asking for nothing, no stop ids."""
+    pad = batch - len(lens)
+    if pad <= 0:
+        return lens, limits, stops
+    return (np.concatenate([lens, np.ones(pad, np.int32)]),
+            np.concatenate([limits, np.zeros(pad, np.int32)]),
+            np.concatenate([stops, np.full((pad, stops.shape[1]), -1, np.int32)]))

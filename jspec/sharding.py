@@ -10,7 +10,7 @@ Rows are independent, so the decode loops run **once per data shard**
 (:func:`per_data_shard`: a ``shard_map`` that is manual over ``data`` and leaves ``model`` to
 the partitioner). Each shard owns its rows and a KV page pool of its own: pages are sharded
 over ``data`` as well as KV heads, a row's page table holds ids local to its shard's pool,
-and pages are allocated per shard (:func:`jspec.plan.admit`). Per-device KV memory is
+and pages are allocated per shard (:func:`jspec.admission.admit`). Per-device KV memory is
 the whole pool / (data x model) where the KV heads divide ``model``; nothing about a row
 crosses the ``data`` axis, and each shard's loop stops when its own rows are done.
 """

@@ -66,9 +66,9 @@ def _free_compiled_programs():
 
     import jax
 
-    from jspec.plan import clear_compiled
+    from jspec import executables
     jax.clear_caches()
-    clear_compiled()
+    executables.clear()
     gc.collect()
 
 

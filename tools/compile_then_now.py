@@ -53,7 +53,7 @@ def main() -> None:
     from jspec.config import LlamaConfig, RopeConfig
     from jspec.drafters import random_drafter
     try:
-        from jspec.plan import admit
+        from jspec.admission import admit
     except ImportError:          # a checkout from before the plan seam
         from jspec.generate import _admit as admit
     from jspec.sampling import SamplingConfig

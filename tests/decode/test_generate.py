@@ -88,8 +88,9 @@ def test_no_recompilation_for_same_static_shapes(tiny):
     # Different prompt contents and lengths within the bucket, other limits and seeds.
     jspec.generate(tiny, [[1, 4, 4, 4, 4], [3]], max_new_tokens=8, seed=5)
     jspec.generate(tiny, [[1, 2], [1, 2, 3, 4, 5, 6]], max_new_tokens=[8, 3], stop_ids=[[4], [5]])
+    jspec.generate(tiny, prompts, max_new_tokens=9)  # within the KV bucket: a runtime bound
     assert decode.TRACE_COUNTS["plain"] == before
-    jspec.generate(tiny, prompts, max_new_tokens=9)  # a new static shape does compile
+    jspec.generate(tiny, prompts * 2, max_new_tokens=8)  # a new batch bucket does compile
     assert decode.TRACE_COUNTS["plain"] == before + 1
 
 

@@ -151,19 +151,23 @@ def test_padded_verify_block_is_exact(stories, monkeypatch, spec):
     """TPU/GPU pad a batched verify block with dummy tokens (spec_decode.verify_padding); here
     the padding is forced on CPU: the oracle (varied accepts) still gives plain decoding's
     tokens, so the dummies reach no real node and nothing of them is kept."""
-    from jspec import spec_decode
+    from jspec import executables, spec_decode
     target, cases = stories
     prompts, limits = batch_for(cases, 4)
     oracle, plain = oracle_for(target, prompts, cases, limits)
     oracle = Drafter(Oracle(target.config.vocab_size, miss_rate=0.3), oracle.params)
     calls = []
     monkeypatch.setattr(spec_decode, "verify_padding", lambda b, n: calls.append(n) or 3)
-    jax.clear_caches()          # trace anew, padded (and leave no padded program behind)
+    def forget():               # trace anew, padded (and leave no padded program behind)
+        jax.clear_caches()
+        executables.clear()
+
+    forget()
     try:
         res = jspec.generate(target, prompts, max_new_tokens=limits, stop_ids=[], drafter=oracle,
                              spec=spec)
     finally:
-        jax.clear_caches()
+        forget()
     assert calls, "the verify block was not traced with padding"
     assert res.tokens == plain.tokens
     hist = np.sum([st["accept_hist"] for st in res.stats], 0)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec import llama
+from jspec import executables, llama
 from jspec.config import LlamaConfig
 from jspec.drafters import random_drafter
 from jspec.spec_config import SpecConfig
@@ -80,7 +80,7 @@ def test_generation_with_the_kernel_write_equals_references(lane_wide_target, mo
     monkeypatch.setattr(kv_write, "kv_write_tpu",
                         lambda *a, **k: calls.append(k["T"]) or kv_write_tpu(*a, **k))
     monkeypatch.setattr(llama, "_rotates_whole_block", lambda: whole_block)
-    jax.clear_caches()
+    executables.clear_all()
     try:
         plain = jspec.generate(target, prompts, max_new_tokens=20, stop_ids=[],
                                kernels="pallas_interpret")
@@ -90,7 +90,7 @@ def test_generation_with_the_kernel_write_equals_references(lane_wide_target, mo
         chain = jspec.generate(target, prompts, max_new_tokens=20, stop_ids=[], drafter=d,
                                spec=SpecConfig.chain(4), kernels="pallas_interpret")
     finally:
-        jax.clear_caches()
+        executables.clear_all()
     assert plain.tokens == want.tokens
     assert tree.tokens == want.tokens
     assert chain.tokens == want.tokens
