@@ -251,8 +251,18 @@ def test_wrong_or_missing_key_is_401(server):
     assert r.status_code == 401
 
 
+def wait_idle(server) -> dict:
+    """The server's load once nothing runs (a request an earlier test left may still be
+    finishing on a loaded machine), waiting up to 30 s."""
+    deadline = time.monotonic() + 30
+    while (state := load(server))["server_load"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert state["server_load"] == 0, state
+    return state
+
+
 def test_disconnect_mid_stream_frees_the_slot(server):
-    before = load(server)["finished"].get("cancelled", 0)
+    before = wait_idle(server)["finished"].get("cancelled", 0)
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": CAP, "stream": True,
             "stop": "never-in-the-text", "temperature": 0}
     with httpx.stream("POST", server.base + "/v1/completions", json=body, timeout=60,
@@ -267,7 +277,7 @@ def test_disconnect_mid_stream_frees_the_slot(server):
 def test_disconnect_while_waiting_frees_the_slot(server):
     """A non-streamed request whose client goes away is cancelled too: the request is sent
     on a bare socket, which is closed once the engine holds the request."""
-    before = load(server)["finished"].get("cancelled", 0)
+    before = wait_idle(server)["finished"].get("cancelled", 0)
     body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": CAP, "temperature": 0,
                        "stop": "never-in-the-text"}).encode()
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}"
