@@ -89,14 +89,32 @@ COLUMNS = ["program", "kernels", "per_layer", "layer_body", "bytes_MB", "bytes_x
 
 
 # ------------------------------------------------------------------ abstract params
-def abstract_target_params(cfg: LlamaConfig, stacked: bool = True):
+def abstract_target_params(cfg: LlamaConfig, stacked: bool = True, quantize: str | None = None):
     """Shape/dtype tree of the target's parameters in the layout the decoders run (packed
     for serving, as :attr:`jspec.target.Target.serving_params`), without allocating them.
     ``stacked`` (default): the scanned layer stack TPUs and GPUs run; False: the per-layer
-    weights CPUs run (see :func:`jspec.serving_layout.default_stacked`). Every target parameter path
-    of this module goes through here."""
-    return jax.eval_shape(lambda k: serving_layout.pack_params(cfg, llama.init_params(cfg, k), stacked),
-                          jax.random.key(0))
+    weights CPUs run (see :func:`jspec.serving_layout.default_stacked`). ``quantize``: a
+    :data:`jspec.quant.MODES` name (``int8``, ``w8a8``, ``fp8``): the layer weights as
+    :func:`jspec.quant.quantize_packed` makes them (int8 / float8 values and per-channel
+    scales; embedding, norms and LM head stay float); None: float. Every target parameter
+    path of this module goes through here."""
+    params = jax.eval_shape(lambda k: serving_layout.pack_params(cfg, llama.init_params(cfg, k),
+                                                                 stacked), jax.random.key(0))
+    if quantize is None:
+        return params
+    from jspec.quant import quantize_packed
+    return jax.eval_shape(lambda p: quantize_packed(cfg, p, quantize), params)
+
+
+def add_quantize_arg(s) -> None:
+    """``--quantize {int8,w8a8,fp8}`` (checked by argparse, before anything compiles)."""
+    from jspec.quant import MODES
+    s.add_argument("--quantize", default=None, choices=MODES,
+                   help="plan a quantized target (jspec.quant): int8 weight-only, w8a8 (int8 "
+                        "weights and activations) or fp8 (float8 e4m3 weights); the layer "
+                        "weights become int8/fp8 values with per-channel scales, the "
+                        "embedding, norms and LM head stay in the config's dtype "
+                        "(default: none, the float target)")
 
 
 def abstract_drafter(kind: str, cfg: LlamaConfig, **kw) -> Drafter:
@@ -110,6 +128,12 @@ def abstract_drafter(kind: str, cfg: LlamaConfig, **kw) -> Drafter:
 
     params = jax.eval_shape(init, jax.random.key(0))
     return Drafter(box["module"], params)
+
+
+def param_bytes(tree) -> int:
+    """Bytes of a (possibly quantized) parameter tree: every leaf, values and scales alike."""
+    return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize
+                   for x in jax.tree.leaves(tree)))
 
 
 # ------------------------------------------------------------------ compile and read
@@ -290,13 +314,15 @@ def anatomy(cfg: LlamaConfig, kind: str | None = "eagle3", spec: SpecConfig | No
             temperature: float = 0.0, draft_vocab: int | None = None,
             programs=None, log=None, stacked: bool = True,
             compiler_options: dict | None = None, aot: str | None = None,
-            kernels: str = "reference", drafter_kw: dict | None = None) -> dict:
+            kernels: str = "reference", drafter_kw: dict | None = None,
+            quantize: str | None = None) -> dict:
     """Rows for the plain step and (with a drafter ``kind``) draft / verify / finish /
     iteration. ``programs``: names to compile (default all); ``compiler_options``: see
     :func:`analyse`; ``aot``: compile for that TPU generation without one
     (:data:`AOT_TARGETS`), tracing as for TPU (:func:`jspec.platform.building_for`);
     ``drafter_kw``: more arguments of the kind's registry ``build`` (DFlash's
-    ``num_layers``, ``block_size``)."""
+    ``num_layers``, ``block_size``); ``quantize``: a quantized target
+    (:func:`abstract_target_params`)."""
     device = aot_device(aot) if aot is not None else None
     platform = None
     if aot is not None:
@@ -305,13 +331,14 @@ def anatomy(cfg: LlamaConfig, kind: str | None = "eagle3", spec: SpecConfig | No
     with building_for(platform) if platform else contextlib.nullcontext():
         return _anatomy(cfg, kind, spec, batch, context, max_new, page_size, temperature,
                         draft_vocab, programs, log, stacked, compiler_options, device, kernels,
-                        drafter_kw or {})
+                        drafter_kw or {}, quantize)
 
 
 def _anatomy(cfg, kind, spec, batch, context, max_new, page_size, temperature, draft_vocab,
-             programs, log, stacked, compiler_options, device, kernels, drafter_kw) -> dict:
+             programs, log, stacked, compiler_options, device, kernels, drafter_kw,
+             quantize=None) -> dict:
     setup = Setup(cfg, batch, context, max_new, page_size, temperature, kernels)
-    params = abstract_target_params(cfg, stacked)
+    params = abstract_target_params(cfg, stacked, quantize)
     want = lambda n: programs is None or n in programs
     rows, info = [], {}
     fn, args, donate, pstate = plain_program(setup, params)
@@ -357,8 +384,9 @@ def _anatomy(cfg, kind, spec, batch, context, max_new, page_size, temperature, d
         info.update(chip=device.device_kind, hbm_GB=None if hbm is None else round(hbm / 1e9, 1))
     info.update(pool_shapes={k: [np.dtype(v.dtype).name, list(v.shape)] for k, v in pools.items()},
                 batch=batch, context=context, max_new=max_new, page_size=page_size,
-                dtype=cfg.dtype, num_layers=cfg.num_layers, temperature=temperature,
-                kernels=kernels)
+                dtype=cfg.dtype, quantize=quantize or "none",
+                target_param_bytes=param_bytes(params), num_layers=cfg.num_layers,
+                temperature=temperature, kernels=kernels)
     return {"info": info, "rows": rows}
 
 
@@ -405,6 +433,7 @@ def add_args(s) -> None:
     s.add_argument("--kernels", choices=["reference", "pallas"], default="reference",
                    help="attention and verify walk: the jnp reference or the Pallas kernels "
                         "(TPU/GPU, e.g. with --aot)")
+    add_quantize_arg(s)
     s.add_argument("--json", metavar="OUT", help="also write the rows as JSON")
 
 
@@ -427,7 +456,7 @@ def main(args) -> dict:
     result = anatomy(cfg, kind, parse_spec(args.spec), args.batch, args.context, args.max_new,
                      args.page_size, args.temperature, args.draft_vocab, args.programs, log=log,
                      stacked=args.layout == "scan", aot=args.aot, kernels=args.kernels,
-                     drafter_kw=_drafter_args(args.drafter_arg))
+                     drafter_kw=_drafter_args(args.drafter_arg), quantize=args.quantize)
     backend = f"{args.aot} (deviceless AOT)" if args.aot else jax.default_backend()
     result["info"] = {"config": name, "layout": args.layout, **result["info"], "jax": jax.__version__,
                       "backend": backend, "load_avg": common.load_avg()}

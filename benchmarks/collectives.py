@@ -19,9 +19,10 @@ _BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "
 def _array_bytes(shape: str) -> int:
     """Bytes of an HLO result shape (arrays and tuples of arrays)."""
     total = 0
-    for m in re.finditer(r"([a-z]+\d*)\[([\d,]*)\]", shape):
+    for m in re.finditer(r"([a-z]+\d*(?:e\d+m\d+[a-z]*)?)\[([\d,]*)\]", shape):
         dims = [int(d) for d in m.group(2).split(",") if d]
-        total += _BYTES.get(m.group(1), 4) * int(np.prod(dims, dtype=np.int64))
+        per = 1 if m.group(1).startswith("f8") else _BYTES.get(m.group(1), 4)   # float8: 1
+        total += per * int(np.prod(dims, dtype=np.int64))
     return total
 
 

@@ -107,7 +107,7 @@ def callees(attrs: str, keys) -> list[str]:
 
 def shape_key(shape: str) -> tuple[str, tuple[int, ...]] | None:
     """``(element type, dims)`` of an array shape's text (layout dropped)."""
-    m = re.match(r"^([a-z]+\d*)\[([\d,]*)\]", shape)
+    m = re.match(r"^([a-z]+\d*(?:e\d+m\d+[a-z]*)?)\[([\d,]*)\]", shape)
     if not m:
         return None
     return m.group(1), tuple(int(d) for d in m.group(2).split(",") if d)
@@ -230,7 +230,7 @@ def count_kernels(text: str, pool_shapes=(), num_layers: int | None = None) -> d
                 counts["other_unfused"] += 1
             if op in ("copy", "copy-start") and shape_key(ins.shape) in pools:
                 counts["pool_copies"] += 1
-            if any(shape_key(x) in pools for x in re.findall(r"[a-z]+\d*\[[\d,]*\]", ins.shape)):
+            if any(shape_key(x) in pools for x in re.findall(r"[a-z]+\d*(?:e\d+m\d+[a-z]*)?\[[\d,]*\]", ins.shape)):
                 counts["pool_kernels"] += 1
             for c in callees(ins.attrs, ("calls",)):
                 fused(c)

@@ -18,17 +18,28 @@ _IN_PLACE = ("dynamic-update-slice", "scatter")
 _PARTIAL_READ = ("dynamic-slice", "slice", "gather")
 _TYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "f64": 8, "s32": 4, "u32": 4, "s8": 1, "u8": 1,
                "pred": 1, "s64": 8, "u64": 8, "s16": 2, "u16": 2, "s4": 0.5, "u4": 0.5}
+# An HLO element type, float8 / float4 ones included (f8e4m3fn, f8e5m2, f4e2m1fn, ...).
+ELEMENT_TYPE = r"[a-z]+\d*(?:e\d+m\d+[a-z]*)?"
+
+
+def type_bytes(t: str) -> float:
+    """Bytes of one element of HLO type ``t`` (float8 types: 1; unknown: 4)."""
+    if t.startswith("f8"):
+        return 1
+    if t.startswith("f4"):
+        return 0.5
+    return _TYPE_BYTES.get(t, 4)
 
 
 def _hbm_bytes(shape: str) -> float:
     """Bytes of a (tuple) shape's arrays, leaving out those XLA:TPU placed in VMEM
     (layout memory space ``S(1)``: prefetched copies, not HBM traffic)."""
     total = 0.0
-    for m in re.finditer(r"([a-z]+\d*)\[([\d,]*)\](\{[^}]*\})?", shape):
+    for m in re.finditer(rf"({ELEMENT_TYPE})\[([\d,]*)\](\{{[^}}]*\}})?", shape):
         if m.group(3) and "S(1)" in m.group(3):
             continue
         dims = [int(d) for d in m.group(2).split(",") if d]
-        total += _TYPE_BYTES.get(m.group(1), 4) * float(np.prod(dims, dtype=np.float64))
+        total += type_bytes(m.group(1)) * float(np.prod(dims, dtype=np.float64))
     return total
 
 
@@ -95,10 +106,24 @@ def _param_read(comps: dict, comp: list[Instr], name: str, full: float) -> float
         elif u.opcode == "fusion" and callees(u.attrs, ("calls",))[0] in comps:
             inner = comps[callees(u.attrs, ("calls",))[0]]
             p = next((i for i in inner if i.opcode == "parameter" and _param_index(i) == k), None)
-            read += _param_read(comps, inner, p.name, full) if p is not None else full
+            got = _param_read(comps, inner, p.name, full) if p is not None else full
+            if got >= full and _same_dims(u.shape, p.shape if p is not None else ""):
+                # A nested fusion handing on the whole parameter, element for element (XLA:TPU
+                # relayouts a stacked int8 weight this way, in a copy fused into the matmul,
+                # before slicing one layer out): it reads what its own result is read for.
+                out = _hbm_bytes(u.shape)
+                if out:
+                    got = full * _param_read(comps, comp, u.name, out) / out
+            read += got
         else:
             return full
     return min(full, read)
+
+
+def _same_dims(a: str, b: str) -> bool:
+    """Two array shapes' texts have the same dimensions (element type and layout aside)."""
+    ka, kb = shape_key(a), shape_key(b)
+    return ka is not None and kb is not None and ka[1] == kb[1]
 
 
 def kernel_bytes(text: str, pool_layers: dict | None = None, detail: list | None = None,
@@ -158,7 +183,7 @@ def kernel_bytes(text: str, pool_layers: dict | None = None, detail: list | None
             pairs = re.findall(r"\{([\d,]*)\}:\s*\((\d+),", ins.attrs[at:]) if at >= 0 else []
             if pairs:
                 skip = {int(i) for _, i in pairs}
-                outs = re.findall(r"[a-z]+\d*\[[\d,]*\](?:\{[^}]*\})?", ins.shape)
+                outs = re.findall(rf"{ELEMENT_TYPE}\[[\d,]*\](?:\{{[^}}]*\}})?", ins.shape)
                 whole = any(o == "" for o, _ in pairs)           # {}: the (only) output
                 out_skip = {int(o.split(",")[0]) for o, _ in pairs if o}
                 rb = 0.0 if whole else sum(_hbm_bytes(x) for k, x in enumerate(outs)

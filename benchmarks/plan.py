@@ -22,6 +22,10 @@ kernels inside ``shard_map`` over ``model`` (``--kernels``, default: what ``gene
 "auto" picks there): the chip's own memory analysis (against its HBM) and collectives, where
 the CPU compile upcasts bf16 weights for its dots and plans memory for a CPU.
 ``--plain-step`` adds one plain decode step's HBM bytes per device beside one iteration's.
+``--quantize int8|w8a8|fp8`` plans a quantized target (:mod:`jspec.quant`): the layer weights
+are int8 / float8 values with per-channel scales (the memory table splits the target's
+parameters into those values, their scales and the float embedding, head and norms), and
+every byte count and the compile see them as such.
 ``--train`` plans one drafter training step instead (:mod:`benchmarks.train_plan`).
 The command re-runs itself in a child process with ``JAX_PLATFORMS=cpu`` and
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (N = DATA x MODEL), so it never starts
@@ -44,7 +48,8 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from benchmarks.anatomy import Setup, abstract_drafter, abstract_target_params, parse_spec
+from benchmarks.anatomy import (Setup, abstract_drafter, abstract_target_params, add_quantize_arg,
+                                parse_spec)
 from benchmarks.collectives import loop_collectives
 from benchmarks.hlo import parse_hlo, pool_key, prefill_loop_body
 from benchmarks.hlo_bytes import kernel_bytes
@@ -55,6 +60,8 @@ from jspec.bench import common, configs
 from jspec.bench.registry import Command, run_module
 from jspec.platform import building_for
 from jspec.prefill import chunk_plan
+# The packed layer projections: the weights --quantize turns into int8 / float8 values and scales.
+from jspec.quant.pack import LAYER_WEIGHTS
 from jspec.serving_layout import default_stacked
 from jspec.sampling import SamplingConfig
 from jspec.spec_decode import SpecDecoder, tree_shape
@@ -65,6 +72,31 @@ _REEXEC = "JSPEC_PLAN_CHILD"
 def _shard_bytes(shape_dtype, sharding) -> int:
     shard = sharding.shard_shape(shape_dtype.shape)
     return int(np.prod(shard, dtype=np.int64)) * np.dtype(shape_dtype.dtype).itemsize
+
+
+
+
+def target_param_parts(params, shardings) -> dict[str, tuple[list, list]]:
+    """The target's packed parameters split for the memory table: ``{part: (leaves,
+    shardings)}`` with the layer projections' values (float, or a quantized weight's int8 /
+    float8 values), their scales (quantized only: per-channel weight scales and any
+    ``in_scale``) and everything else (embedding, LM head, norms). Every leaf lands in
+    exactly one part, so the parts add up to the whole."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(params)
+    shards = jax.tree.leaves(shardings)
+    assert len(flat) == len(shards), (len(flat), len(shards))
+    parts = {"target: layer weights": ([], []), "target: layer scales": ([], []),
+             "target: embed, head, norms": ([], [])}
+    for (path, leaf), sh in zip(flat, shards):
+        names = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+        if names[0] == "layers" and any(n in LAYER_WEIGHTS for n in names):
+            part = ("target: layer scales" if names[-1] in ("scale", "zero_point", "in_scale")
+                    else "target: layer weights")
+        else:
+            part = "target: embed, head, norms"
+        parts[part][0].append(leaf)
+        parts[part][1].append(sh)
+    return {k: v for k, v in parts.items() if v[0]}
 
 
 # ------------------------------------------------------------------ the plan
@@ -100,7 +132,8 @@ class Plan:
 def plan(cfg, kind: str | None, mesh, *, spec=None, batch: int = 8, context: int = 2048,
          max_new: int = 128, page_size: int = 16, draft_vocab: int | None = None,
          platform: str = "tpu", log=None, kernels: str = "reference",
-         plain_step: bool = False, hlo_out: str | None = None) -> Plan:
+         plain_step: bool = False, hlo_out: str | None = None,
+         quantize: str | None = None) -> Plan:
     """Compile the speculative program on ``mesh`` from abstract inputs; see module doc.
     ``platform``: the platform the program is *traced* for (:func:`jspec.platform.building_for`:
     the code paths a TPU or GPU run takes, e.g. no CPU-only live-length buckets); it is
@@ -110,14 +143,15 @@ def plan(cfg, kind: str | None, mesh, *, spec=None, batch: int = 8, context: int
     chips' devices). ``plain_step``: also compile plain decoding on the mesh and report one
     plain step's HBM bytes per device beside one iteration's (``iteration_io_MB``:
     :func:`benchmarks.hlo_bytes.kernel_bytes` of the generate loop's body). ``hlo_out``: write the
-    compiled program's optimized HLO there."""
+    compiled program's optimized HLO there. ``quantize``: a :data:`jspec.quant.MODES` name
+    (the target's layer weights quantized, :func:`benchmarks.anatomy.abstract_target_params`)."""
     with building_for(platform):
         return _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab,
-                     platform, log, kernels, plain_step, hlo_out)
+                     platform, log, kernels, plain_step, hlo_out, quantize)
 
 
 def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab, platform,
-          log, kernels="reference", plain_step=False, hlo_out=None) -> Plan:
+          log, kernels="reference", plain_step=False, hlo_out=None, quantize=None) -> Plan:
     from jspec.serving_layout import packed_param_shardings
     from jspec.sharding import batch_sharding, kv_pages_spec
 
@@ -127,7 +161,8 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
     if batch % data:
         raise ValueError(f"batch {batch} does not split over data={data}")
     setup = Setup(cfg, batch, context, max_new, page_size)
-    params = abstract_target_params(cfg, stacked=default_stacked())   # as generate() runs it
+    # As generate() runs it (quantized as jspec.quant.quantize_target leaves it).
+    params = abstract_target_params(cfg, stacked=default_stacked(), quantize=quantize)
     pshard = packed_param_shardings(mesh, params)
     params = aot.with_shardings(params, pshard)
     repl = NamedSharding(mesh, P())
@@ -141,14 +176,17 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
         specs = {str(x.spec) for x in shards}
         spec = specs.pop() if len(specs) == 1 else "logical rules"
         shapes = {tuple(x.shape) for x in leaves}
+        dtypes = dict.fromkeys(np.dtype(x.dtype).name for x in leaves)
         memory.append({"what": what, "shape": list(shapes.pop()) if len(shapes) == 1 else "-",
-                       "dtype": np.dtype(leaves[0].dtype).name, "spec": str(spec),
+                       "dtype": "+".join(dtypes), "spec": str(spec),
                        "MB/device": per / 2**20, "MB total": total / 2**20})
 
     add("target params", params, pshard)
+    for part, (leaves, shards) in target_param_parts(params, pshard).items():
+        add(part, leaves, shards)
     info = {"config": f"{cfg.num_layers}L h{cfg.hidden_size} V{cfg.vocab_size}",
             "mesh": f"{data}x{model}", "batch": batch, "context": context, "max_new": max_new,
-            "dtype": cfg.dtype, "traced_for": platform}
+            "dtype": cfg.dtype, "quantize": quantize or "none", "traced_for": platform}
     kw = {"vocab_size": draft_vocab} if draft_vocab else {}
     drafter = abstract_drafter(kind, cfg, **kw)
     spec = spec if spec is not None else drafter.default_spec
@@ -319,6 +357,7 @@ def add_args(s) -> None:
                         "reference")
     s.add_argument("--trace-for", default="tpu", choices=["tpu", "gpu", "cpu"],
                    help="the platform whose code paths are traced (compiled for CPU devices)")
+    add_quantize_arg(s)
     s.add_argument("--json", metavar="OUT")
     t = s.add_argument_group("--train: one drafter training step instead (benchmarks.train_plan)")
     t.add_argument("--train", action="store_true",
@@ -332,6 +371,9 @@ def add_args(s) -> None:
 
 def main(args) -> dict | None:
     data, model = parse_mesh(args.mesh)
+    if args.train and args.quantize:
+        raise SystemExit("--quantize plans a quantized serving target; --train plans the "
+                         "drafter's training step (its target is float): use one or the other")
     if not os.environ.get(_REEXEC):       # never start an accelerator backend for a plan
         sys.exit(_reexec(data * model))
     from jspec.sharding import make_mesh
@@ -368,8 +410,10 @@ def main(args) -> dict | None:
              context=args.context, max_new=args.max_new, page_size=args.page_size,
              draft_vocab=args.draft_vocab, platform=chip if topology else args.trace_for,
              log=lambda s: print(s, flush=True), kernels=kernels, plain_step=args.plain_step,
-             hlo_out=args.hlo)
-    print(f"# plan: {name}, {args.drafter}, mesh {args.mesh}"
+             hlo_out=args.hlo, quantize=args.quantize)
+    print(f"# plan: {name}"
+          + (f" {args.quantize}" if args.quantize else f" {cfg.dtype}")
+          + f", {args.drafter}, mesh {args.mesh}"
           + (f", compiled for {topology} (deviceless)" if topology else ", CPU devices"))
     print(p.render())
     if args.json:

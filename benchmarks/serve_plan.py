@@ -8,7 +8,8 @@ spec and plain decoding), its ``sync`` (the drafter caught up after plain chunks
 ``insert`` for a prompt bucket, and prints XLA's memory
 analysis of each: arguments (weights, the slots' state with its KV pools), outputs, what is
 aliased (the state is donated, so the pools are updated in place) and temporaries, against
-the chip's HBM.
+the chip's HBM. ``--quantize int8|w8a8|fp8``: a quantized target (:mod:`jspec.quant`; int8 /
+float8 layer weights with per-channel scales), as ``serve --quantize`` runs it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from benchmarks.anatomy import abstract_drafter, abstract_target_params
+from benchmarks.anatomy import (abstract_drafter, abstract_target_params, add_quantize_arg,
+                               param_bytes)
 
 from jspec import aot
 from jspec import kv_cache as kvc
@@ -49,6 +51,7 @@ def add_args(s) -> None:
     s.add_argument("--prompt", type=int, default=1024, help="the insert's prompt bucket")
     s.add_argument("--page-size", type=int, default=16)
     s.add_argument("--kernels", default="pallas", choices=["pallas", "reference"])
+    add_quantize_arg(s)
     s.add_argument("--json", metavar="OUT")
 
 
@@ -73,8 +76,9 @@ def _memory(compiled, hbm) -> dict:
 
 def serve_plan(cfg, kind: str, mesh, *, slots: int, context: int, max_new: int, prompt: int,
                spec=None, draft_vocab: int | None = None, page_size: int = 16,
-               kernels: str = "pallas", log=print) -> dict:
-    params = abstract_target_params(cfg, stacked=default_stacked())
+               kernels: str = "pallas", log=print, quantize: str | None = None) -> dict:
+    params = abstract_target_params(cfg, stacked=default_stacked(), quantize=quantize)
+    weights = param_bytes(params)
     params = aot.with_shardings(params, packed_param_shardings(mesh, params))
     drafter = abstract_drafter(kind, cfg, **({"vocab_size": draft_vocab} if draft_vocab else {}))
     dparams = aot.with_shardings(nn.unbox(drafter.params), drafter.shardings(cfg, mesh))
@@ -89,7 +93,8 @@ def serve_plan(cfg, kind: str, mesh, *, slots: int, context: int, max_new: int, 
     info = {"config": f"{cfg.num_layers}L h{cfg.hidden_size} V{cfg.vocab_size} {cfg.dtype}",
             "mesh": f"1x{mesh.shape['model']}", "device": mesh.devices.flat[0].device_kind,
             "drafter": kind, "spec": f"{S},{spec.topk},{N}", "slots": slots,
-            "context": context, "pages": slots * max_pages, "kernels": kernels}
+            "context": context, "pages": slots * max_pages, "kernels": kernels,
+            "quantize": quantize or "none", "target_weights_GB": round(weights / 1e9, 2)}
     rows = {}
     hbm = aot.hbm_bytes(mesh.devices.flat[0])
     key_dtype = jax.random.key(0).dtype        # made here: under the mesh nothing can run
@@ -145,8 +150,10 @@ def main(args) -> dict:
                          max_new=args.max_new, prompt=args.prompt,
                          spec=parse_spec(args.spec) if args.spec else None,
                          draft_vocab=args.draft_vocab, page_size=args.page_size,
-                         kernels=args.kernels, log=lambda s: print(s, flush=True))
-    print(f"# engine programs: {args.config}, {json.dumps(out['info'])}")
+                         kernels=args.kernels, log=lambda s: print(s, flush=True),
+                         quantize=args.quantize)
+    print(f"# engine programs: {args.config} {args.quantize or cfg.dtype}, "
+          f"{json.dumps(out['info'])}")
     print(f"{'program':<28} {'fits':>5} {'args GB':>8} {'out GB':>7} {'alias GB':>9} "
           f"{'temp GB':>8} {'used GB':>8} {'of HBM':>7}")
     for p, r in out["programs"].items():

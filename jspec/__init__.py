@@ -18,8 +18,10 @@ __all__ = ["ChatResult", "ConfigError", "LlamaConfig", "RopeConfig", "Generation
            "KVCacheExhaustedError", "SamplingConfig", "Target", "load_target"]
 
 
-def load_target(path, dtype=None, tokenizer=None, mesh=None) -> Target:
-    """Load a target from an HF directory, a jspec Orbax directory or a llama2.c ``.bin``;
-    with ``mesh``, straight into its shardings (see :func:`jspec.checkpoint.load_target`)."""
+def load_target(path, dtype=None, tokenizer=None, mesh=None, quantize=None) -> Target:
+    """Load a target from an HF directory, a jspec Orbax directory, a GGUF or a llama2.c
+    ``.bin``; with ``mesh``, straight into its shardings; with ``quantize`` (``"int8"``,
+    ``"w8a8"``, ``"fp8"``), its layer projections quantized (see
+    :func:`jspec.checkpoint.load_target` and :mod:`jspec.quant`)."""
     from jspec.checkpoint import load_target as _load
-    return _load(path, dtype=dtype, tokenizer=tokenizer, mesh=mesh)
+    return _load(path, dtype=dtype, tokenizer=tokenizer, mesh=mesh, quantize=quantize)

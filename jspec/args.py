@@ -38,6 +38,15 @@ def add_kernels_arg(p: argparse.ArgumentParser) -> None:
                         "warning; the reference on CPU)")
 
 
+def add_quantize_arg(p: argparse.ArgumentParser) -> None:
+    from jspec.quant import MODES
+    p.add_argument("--quantize", choices=MODES, default=None,
+                   help="quantize the target's layer weights at load (jspec.quant): int8 "
+                        "(weight-only), w8a8 (int8 weights and activations) or fp8; a GGUF's "
+                        "Q8_0/Q4_0 blocks are kept as they are under int8 modes. Default: the "
+                        "checkpoint's float weights (the fastest on CPU, docs/quantization.md)")
+
+
 def add_prefill_chunk_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="C",
                    help="prefill prompts C tokens at a time (default 512; jspec.prefill): "

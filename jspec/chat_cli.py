@@ -21,7 +21,7 @@ import time
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from jspec.args import add_kernels_arg, add_prefill_chunk_arg
+    from jspec.args import add_kernels_arg, add_prefill_chunk_arg, add_quantize_arg
     p.add_argument("--model", required=True, help="a model path (.gguf, HF directory, jspec "
                    "Orbax) or a fetchable name (smollm2; python -m jspec models list)")
     p.add_argument("--tokenizer", help="tokenizer file overriding the model's (its chat "
@@ -40,6 +40,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="iterations per compiled call: smaller streams in smaller pieces")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     add_kernels_arg(p)
+    add_quantize_arg(p)
     add_prefill_chunk_arg(p)
 
 
@@ -127,7 +128,8 @@ def run(args) -> int:
     import jspec
     from jspec import messages
 
-    target = jspec.load_target(args.model, dtype=args.dtype, tokenizer=args.tokenizer)
+    target = jspec.load_target(args.model, dtype=args.dtype, tokenizer=args.tokenizer,
+                               quantize=args.quantize)
     messages.chat_tokenizer(target, "--model")       # no template: refuse before compiling
     session = Session(make_engine(args, target), args.system, args.seed)
     try:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from jspec.args import add_kernels_arg, add_prefill_chunk_arg, load_drafter_arg, parse_ids  # noqa: F401 (re-exported)
-from jspec.args import add_process_args, parse_mesh
+from jspec.args import add_process_args, add_quantize_arg, parse_mesh
 from jspec.fetch import resolve_model
 
 
@@ -31,6 +31,7 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop-ids", type=parse_ids, default=None, help="ids that end a row (default: EOS)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    add_quantize_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
                    help="print tokens as they are accepted (default: on a terminal, for one "
@@ -103,7 +104,8 @@ def run_generate(args) -> int:
     if args.mesh:      # each process reads only the weights its devices hold
         from jspec import sharding
         mesh = sharding.make_mesh(*parse_mesh(args.mesh))
-    target = jspec.load_target(args.model, dtype=args.dtype, tokenizer=args.tokenizer, mesh=mesh)
+    target = jspec.load_target(args.model, dtype=args.dtype, tokenizer=args.tokenizer, mesh=mesh,
+                               quantize=args.quantize)
     prompts = args.prompt if args.prompt is not None else args.prompt_ids
     if multi and jax.process_count() > 1:
         prompts = process_share(prompts, mesh)

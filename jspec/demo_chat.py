@@ -59,7 +59,8 @@ def stream_answer(target, drafter, spec, ids, stop, n, kernels) -> list[int]:
 
 
 def run(model: str | Path, message: str | None, n: int, *, steps: int = CHAIN,
-        repeats: int = 3, kernels: str = "auto", compile_cache: bool = True) -> int:
+        repeats: int = 3, kernels: str = "auto", compile_cache: bool = True,
+        quantize: str | None = None) -> int:
     import jspec
     from jspec import messages
     from jspec.drafters import ngram_drafter
@@ -67,10 +68,11 @@ def run(model: str | Path, message: str | None, n: int, *, steps: int = CHAIN,
 
     if compile_cache:      # on already, unless JSPEC_COMPILE_CACHE=0 (the demo insists)
         compile_cache_mod.enable(force=True)
-    target = jspec.load_target(model)
+    target = jspec.load_target(model, quantize=quantize)
     cfg = target.config
+    weights = cfg.dtype if quantize is None else f"{quantize} layers, {cfg.dtype} otherwise"
     print(f"model: {Path(model).name} ({cfg.num_layers} layers, hidden {cfg.hidden_size}, "
-          f"vocab {cfg.vocab_size}, {cfg.dtype})")
+          f"vocab {cfg.vocab_size}, {weights})")
     message = MESSAGE if message is None else message
     conv = [{"role": "user", "content": message}]
     ids = messages.render(target, conv)

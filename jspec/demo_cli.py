@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jspec.args import add_kernels_arg
+from jspec.args import add_kernels_arg, add_quantize_arg
 from jspec.shipped import DRAFTER_ORDER
 
 
@@ -39,6 +39,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-compile-cache", dest="compile_cache", action="store_false",
                    help="do not keep compiled programs in ~/.cache/jspec/xla")
     add_kernels_arg(p)
+    add_quantize_arg(p)
 
 
 def run(args) -> int:
@@ -62,7 +63,11 @@ def run(args) -> int:
         else:
             return demo_chat.run(model, args.message, args.max_new_tokens or 256,
                                  steps=args.spec_steps or demo_chat.CHAIN, repeats=args.repeats,
-                                 kernels=args.kernels, compile_cache=args.compile_cache)
+                                 kernels=args.kernels, compile_cache=args.compile_cache,
+                                 quantize=args.quantize)
+    if args.quantize:
+        raise ValueError("--quantize applies to the chat demo (SmolLM2); the shipped 6.7M "
+                         "model's demo runs its float weights")
     model = None if args.model in (None, "default") else args.model
     return demo.run(model, args.prompt, args.max_new_tokens or 128, recalibrate=args.recalibrate,
                     repeats=args.repeats, drafter_kind=args.drafter, kernels=args.kernels,

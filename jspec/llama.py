@@ -270,7 +270,8 @@ def forward(cfg: LlamaConfig, packed, tokens, positions, cache, block_mask=None,
 def logits(cfg: LlamaConfig, packed, hidden):
     """fp32 logits from post-norm hidden states (the tied embedding or ``lm_head``)."""
     dt = jnp.dtype(cfg.dtype)
-    head = packed["embed"] if cfg.tie_word_embeddings else packed["lm_head"]     # [V, H]
+    # A tied head quantized on request (jspec.quant) is a separate "lm_head" beside the table.
+    head = packed["lm_head"] if "lm_head" in packed else packed["embed"]        # [V, H]
     return linear(hidden.astype(dt), head.astype(dt), precision(cfg)).astype(jnp.float32)
 
 

@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding
 
 from jspec.config import LlamaConfig
 from jspec.platform import target_platform
+from jspec.quant.qweight import is_qweight, quantized_linear
 from jspec.sharding import logical_spec
 
 
@@ -140,13 +141,18 @@ def _is_axes(x) -> bool:
 
 def packed_param_shardings(mesh, packed_shapes):
     """NamedShardings for the packed layout (:data:`PACKED_AXES`)."""
+    from jspec.quant.pack import qweight_shardings
+
     axes = {k: v for k, v in PACKED_AXES.items() if k in packed_shapes}
     if isinstance(packed_shapes["layers"], (list, tuple)):       # per-layer weights
         one = {k: v[1:] for k, v in PACKED_AXES["layers"].items()}
         axes["layers"] = tuple(one for _ in packed_shapes["layers"])
-    return jax.tree_util.tree_map(
-        lambda names, s: NamedSharding(mesh, logical_spec(names, s.shape, mesh)),
-        axes, packed_shapes, is_leaf=_is_axes)
+
+    def place(names, s):
+        if is_qweight(s):
+            return qweight_shardings(mesh, names, s)
+        return NamedSharding(mesh, logical_spec(names, s.shape, mesh))
+    return jax.tree_util.tree_map(place, axes, packed_shapes, is_leaf=_is_axes)
 
 
 def pack_for_serving(cfg, params):
@@ -180,7 +186,10 @@ def linear(x, w, precision=None):
     ``[tokens, out]`` product again. One token (a matrix-vector product, as fast either way),
     more than :data:`CPU_FEW_TOKENS` tokens, and other backends: one plain contraction (the
     barrier and transpose only add kernels; measured: they made the 3.4M-parameter default
-    model's plain decode step 2x slower)."""
+    model's plain decode step 2x slower). A quantized weight (:mod:`jspec.quant`) takes
+    qwix's product instead."""
+    if is_qweight(w):
+        return quantized_linear(x, w, precision)
     lead, k = x.shape[:-1], x.shape[-1]
     out = w.shape[:-1]
     m = math.prod(lead)

@@ -49,19 +49,26 @@ def detect_format(path: str | os.PathLike) -> str:
 
 
 def load_target(path: str | os.PathLike, dtype=None, tokenizer: str | os.PathLike | None = None,
-                progress: Progress | None = None, mesh=None) -> Target:
+                progress: Progress | None = None, mesh=None, quantize=None) -> Target:
     """Load any supported checkpoint; ``tokenizer`` overrides the one found beside it.
     ``mesh``: parameters are read straight into their shardings on the mesh (HF safetensors
     slice by slice, Orbax by its sharded restore), so each process reads only what its devices
-    hold; a llama2.c file is read whole and then placed."""
+    hold; a llama2.c file is read whole and then placed. ``quantize``: ``"int8"``,
+    ``"w8a8"``, ``"fp8"`` or a :class:`jspec.quant.QuantConfig` (:mod:`jspec.quant`); a
+    GGUF's Q8_0 / Q4_0 blocks are kept as they are under int8 modes."""
+    from jspec.quant import as_quant_config, quantize_target
+    qc = as_quant_config(quantize)          # a bad mode fails before any weight is read
     fmt = detect_format(path)
     if fmt == "llama2c":
         target = load_llama2c(path, dtype, tokenizer=tokenizer, progress=progress)
         if mesh is not None:
             target = shard_target(target, mesh)
-        return target
-    load = {"orbax": load_orbax, "hf": load_hf, "gguf": load_gguf}[fmt]
-    target = load(path, dtype, progress=progress, mesh=mesh)
+        return quantize_target(target, qc)
+    if fmt == "gguf":
+        target = load_gguf(path, dtype, progress=progress, mesh=mesh, quantize=qc)
+    else:
+        load = {"orbax": load_orbax, "hf": load_hf}[fmt]
+        target = quantize_target(load(path, dtype, progress=progress, mesh=mesh), qc)
     if tokenizer is not None:
         cfg = target.config
         tok = load_tokenizer(tokenizer, eos_ids=cfg.eos_token_ids)

@@ -227,9 +227,9 @@ def gguf_table(cfg: LlamaConfig):
     return out
 
 
-def gguf_params(reader, cfg: LlamaConfig, progress: Progress | None = None):
-    """Flax params from a GGUF's tensors, each checked against the config's shape before the
-    next is dequantized."""
+def checked_tensors(reader, cfg: LlamaConfig) -> dict:
+    """The file's tensors by name, once every one the config needs is there with its shape
+    and nothing is left over that jspec's Llama has no place for."""
     tensors = {t.name: t for t in reader.tensors}
     shapes = expected_shapes(cfg)
     table = gguf_table(cfg)
@@ -237,13 +237,22 @@ def gguf_params(reader, cfg: LlamaConfig, progress: Progress | None = None):
     extra = sorted(set(tensors) - wanted - set(_IGNORED))
     if extra:
         raise CheckpointError(f"{reader.path}: tensors jspec's Llama has no place for: {extra[:5]}")
-    flat = {}
-    for name, path, transpose, perm in (progress or no_progress)(table, total=len(table)):
+    for name, path, transpose, _ in table:
         if name not in tensors:
             raise CheckpointError(f"{reader.path}: missing tensor {name!r}")
         want = tuple(reversed(shapes[path])) if transpose else shapes[path]
         got = tuple(int(d) for d in reversed(tensors[name].shape.tolist()))
         check_shape(name, want, got)
+    return tensors
+
+
+def gguf_params(reader, cfg: LlamaConfig, progress: Progress | None = None):
+    """Flax params from a GGUF's tensors, each checked against the config's shape before the
+    next is dequantized."""
+    tensors = checked_tensors(reader, cfg)
+    flat = {}
+    table = gguf_table(cfg)
+    for name, path, transpose, perm in (progress or no_progress)(table, total=len(table)):
         arr = dequantize(reader, tensors[name])
         if not np.isfinite(arr).all():
             raise CheckpointError(f"{reader.path}: tensor {name!r} holds non-finite values "
@@ -259,9 +268,14 @@ def load_gguf_config(path: str | os.PathLike, dtype=None) -> LlamaConfig:
 
 
 def load_gguf(path: str | os.PathLike, dtype=None, progress: Progress | None = None,
-              mesh=None) -> Target:
+              mesh=None, quantize=None) -> Target:
     """A target from a GGUF file: weights dequantized (to ``dtype``, default float32), the
-    tokenizer and chat template built from its metadata (:mod:`jspec.checkpoint.gguf_tokenizer`)."""
+    tokenizer and chat template built from its metadata (:mod:`jspec.checkpoint.gguf_tokenizer`).
+
+    ``quantize="int8"`` / ``"w8a8"`` (32-input blocks, GGUF's own): the layer projections
+    keep the file's Q8_0 / Q4_0 blocks as int8 values and scales, exactly
+    (:mod:`jspec.checkpoint.gguf_blocks`); other modes quantize the dequantized weights."""
+    from jspec.quant import as_quant_config, quantize_target
     from jspec.checkpoint.gguf_tokenizer import gguf_tokenizer
     from jspec.target import shard_target
 
@@ -271,5 +285,16 @@ def load_gguf(path: str | os.PathLike, dtype=None, progress: Progress | None = N
     if tok.vocab_size > cfg.vocab_size:
         raise CheckpointError(f"{path}: the tokenizer has {tok.vocab_size} tokens, more than "
                               f"the model's vocabulary of {cfg.vocab_size}")
+    qc = as_quant_config(quantize)
+    if qc is not None and qc.mode in ("int8", "w8a8") and qc.tile in (None, 32):
+        from jspec.checkpoint.gguf_blocks import gguf_packed_blocks
+        from jspec.quant import place_packed
+        from jspec.serving_layout import default_stacked
+        from jspec.quant import warn_if_inexact
+        warn_if_inexact(qc)
+        checked_tensors(reader, cfg)
+        packed = gguf_packed_blocks(reader, cfg, qc, default_stacked(), progress)
+        return Target(cfg, place_packed(cfg, packed, mesh), tok)
     target = Target(cfg, gguf_params(reader, cfg, progress), tok)
-    return shard_target(target, mesh) if mesh is not None else target
+    target = shard_target(target, mesh) if mesh is not None else target
+    return quantize_target(target, qc)

@@ -54,7 +54,8 @@ OUTPUT_KEYS = ("id", "line", "text", "token_ids", "new_tokens", "mean_accept_len
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from jspec.args import add_kernels_arg, add_prefill_chunk_arg, add_process_args
+    from jspec.args import (add_kernels_arg, add_prefill_chunk_arg, add_process_args,
+                            add_quantize_arg)
     p.add_argument("--model", required=True)
     p.add_argument("--drafter", help="as for generate (a checkpoint, random:KIND, ngram)")
     p.add_argument("--input", required=True, help="requests, JSON lines")
@@ -80,6 +81,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "own part")
     p.add_argument("--no-progress", action="store_true")
     add_kernels_arg(p)
+    add_quantize_arg(p)
     add_prefill_chunk_arg(p)
 
 
@@ -251,7 +253,8 @@ def run(args, target=None) -> int:
     out_path = Path(args.output)
     part = out_path if world == 1 else out_path.with_name(
         f"{out_path.name}.part-{rank}-of-{world}")
-    target = target if target is not None else jspec.load_target(args.model)
+    target = target if target is not None else jspec.load_target(
+        args.model, quantize=getattr(args, "quantize", None))
     drafter = load_drafter_arg(args.drafter, target) if args.drafter else None
     spec = parse_spec(args.spec) if args.spec else None
     todo = pending(args.input, part, target, args, rank, world)

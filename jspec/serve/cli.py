@@ -11,7 +11,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from jspec.args import add_kernels_arg, add_prefill_chunk_arg
+from jspec.args import add_kernels_arg, add_prefill_chunk_arg, add_quantize_arg
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -43,15 +43,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    "often output is streamed and cancellations take effect")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_kernels_arg(p)
+    add_quantize_arg(p)
     add_prefill_chunk_arg(p)
 
 
-def load_model(path: str):
+def load_model(path: str, quantize=None):
     """``--model``: 'default' is the shipped model; anything else as ``generate`` loads it
     (:func:`jspec.cli.main` has already turned a fetchable name into its path)."""
     import jspec
     from jspec.shipped import default_model
-    return jspec.load_target(default_model() if path == "default" else path)
+    return jspec.load_target(default_model() if path == "default" else path, quantize=quantize)
 
 
 def served_names(args) -> tuple[str, ...]:
@@ -76,7 +77,7 @@ def build(args, target=None):
     from jspec.sampling import SamplingConfig
     from jspec.spec_config import parse_spec
 
-    target = target if target is not None else load_model(args.model)
+    target = target if target is not None else load_model(args.model, args.quantize)
     if args.chat_template:
         if target.tokenizer is None:
             raise ValueError("--chat-template needs a model with a tokenizer")

@@ -227,6 +227,37 @@ ENTRY %main (x: f32[32,16], i: s32[], y: f32[8,8]) -> (f32[1,16], f32[64]) {
     assert hlo_bytes.kernel_bytes(text)["weighted"] == written + read
 
 
+def test_kernel_bytes_sees_through_a_relayout_before_the_slice():
+    """XLA:TPU relayouts a stacked int8 weight in a copy fusion nested inside the matmul's
+    fusion, then slices one layer out of the copy: charged the layer, not the whole stack.
+    float8 elements are one byte."""
+    text = """HloModule m
+
+%relayout (a: s8[32,16]) -> s8[32,16] {
+  %a = s8[32,16]{1,0:T(32,128)(4,1)} parameter(0)
+  ROOT %c = s8[32,16]{1,0:T(8,128)(4,1)} copy(%a)
+}
+
+%dequant (w: s8[32,16], i: s32[]) -> f8e4m3fn[1,16] {
+  %w = s8[32,16]{1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %r = s8[32,16]{1,0} fusion(%w), kind=kLoop, output_to_operand_aliasing={{}: (0, {})}, calls=%relayout
+  %ds = s8[1,16]{1,0} dynamic-slice(%r, %i, %z), dynamic_slice_sizes={1,16}
+  ROOT %cv = f8e4m3fn[1,16]{1,0} convert(%ds)
+}
+
+ENTRY %main (x: s8[32,16], i: s32[]) -> f8e4m3fn[1,16] {
+  %x = s8[32,16]{1,0} parameter(0)
+  %i = s32[] parameter(1)
+  ROOT %f = f8e4m3fn[1,16]{1,0} fusion(%x, %i), kind=kLoop, calls=%dequant
+}
+"""
+    assert hlo_bytes.kernel_bytes(text)["weighted"] == 16 + 4 + 16    # a row, the index, out
+    assert hlo_bytes._hbm_bytes("(f8e4m3fn[4,4]{1,0}, f8e5m2[2])") == 18
+    assert hlo.shape_key("f8e4m3fn[2,3]{1,0}") == ("f8e4m3fn", (2, 3))
+
+
 def test_cli_smoke(tmp_path, capsys):
     out = tmp_path / "anatomy.json"
     bench_main(["anatomy", "--random-config", "tiny", "--drafter", "eagle3", "--spec", "2,1,3",
