@@ -5,6 +5,11 @@ safetensors with ``--to hf``; a GGUF's quantized blocks are dequantized, to floa
 ``--dtype`` says otherwise)::
 
     python -m jspec.convert SRC DST [--to orbax|hf] [--dtype bfloat16] [--tokenizer PATH] [--overwrite]
+    python -m jspec.convert SRC DST --quantize int8|w8a8|fp8      # a quantized Orbax target
+
+A quantized Orbax target holds the int8/fp8 values and their scales, so a pod restores each
+slice straight into its sharding (:mod:`jspec.checkpoint.orbax_quant`); a GGUF's Q8_0/Q4_0
+blocks are kept as they are under the int8 modes.
 
 Drafters (every layout :func:`jspec.drafters.load_drafter` reads: SafeAILab/SpecForge
 EAGLE-1/EAGLE-3, FasterDecoding and vLLM Medusa, DeepSeek MTP, jspec Orbax), checked
@@ -34,6 +39,7 @@ from tqdm import tqdm
 
 from jspec.checkpoint import CheckpointError, load_config, load_target, save_hf, save_orbax
 from jspec.checkpoint.orbax_io import atomic_dir
+from jspec.args import add_quantize_arg
 from jspec.config import ConfigError
 from jspec.tokenizer import TokenizerError
 
@@ -76,12 +82,16 @@ def main(argv=None) -> int:
     ap.add_argument("--to", choices=("orbax", "hf"), default="orbax",
                     help="output format (default: orbax)")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing DST")
+    add_quantize_arg(ap)
     a = ap.parse_args(argv)
+    if a.quantize is not None and a.to != "orbax":
+        ap.error("--quantize writes a jspec Orbax checkpoint; HF safetensors hold float weights")
     if os.path.exists(a.dst) and not a.overwrite:  # before the slow part, not after
         return _exists_error(a.dst)
     try:
         target = load_target(a.src, dtype=a.dtype, tokenizer=a.tokenizer,
-                             progress=functools.partial(_bar, desc="tensors", unit="tensor"))
+                             progress=functools.partial(_bar, desc="tensors", unit="tensor"),
+                             quantize=a.quantize)
         if a.to == "hf":
             with atomic_dir(a.dst, overwrite=a.overwrite) as tmp:
                 save_hf(target, tmp)

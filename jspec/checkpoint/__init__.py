@@ -14,7 +14,9 @@ from jspec.checkpoint.gguf import is_gguf, load_gguf, load_gguf_config
 from jspec.checkpoint.hf import (load_hf, load_hf_config, params_from_state_dict, save_hf,
                                  state_dict_from_params)
 from jspec.checkpoint.llama2c import load_llama2c, read_header, save_llama2c
-from jspec.checkpoint.orbax_io import CONFIG_FILE, load_orbax, read_meta, save_orbax
+from jspec.checkpoint import orbax_io
+from jspec.checkpoint.orbax_io import CONFIG_FILE, load_orbax, read_meta
+from jspec.checkpoint.orbax_quant import load_quantized_orbax, save_quantized_orbax
 from jspec.config import LlamaConfig
 from jspec.target import Target, shard_target
 from jspec.tokenizer import load_tokenizer
@@ -65,7 +67,11 @@ def load_target(path: str | os.PathLike, dtype=None, tokenizer: str | os.PathLik
             target = shard_target(target, mesh)
         return quantize_target(target, qc)
     if fmt == "gguf":
-        target = load_gguf(path, dtype, progress=progress, mesh=mesh, quantize=qc)
+        from jspec.checkpoint.gguf_blocks import keeps_blocks, load_gguf_blocks
+        target = (load_gguf_blocks(path, qc, dtype, progress, mesh) if keeps_blocks(qc) else
+                  load_gguf(path, dtype, progress=progress, mesh=mesh, quantize=qc))
+    elif fmt == "orbax" and "quant" in read_meta(path)["jspec"]:
+        target = load_quantized_orbax(path, read_meta(path), dtype, mesh, qc)
     else:
         load = {"orbax": load_orbax, "hf": load_hf}[fmt]
         target = quantize_target(load(path, dtype, progress=progress, mesh=mesh), qc)
@@ -74,6 +80,16 @@ def load_target(path: str | os.PathLike, dtype=None, tokenizer: str | os.PathLik
         tok = load_tokenizer(tokenizer, eos_ids=cfg.eos_token_ids)
         target = dataclasses.replace(target, tokenizer=tok)
     return target
+
+
+def save_orbax(target: Target, path: str | os.PathLike, overwrite: bool = False) -> None:
+    """Write ``target`` as a jspec Orbax checkpoint; a quantized one keeps its quantized
+    weights and scales (:mod:`jspec.checkpoint.orbax_quant`)."""
+    from jspec.quant import is_quantized
+    if is_quantized(target.params):
+        save_quantized_orbax(target, path, overwrite)
+    else:
+        orbax_io.save_orbax(target, path, overwrite)
 
 
 def load_config(path: str | os.PathLike, dtype=None) -> LlamaConfig:

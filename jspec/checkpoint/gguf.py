@@ -267,17 +267,9 @@ def load_gguf_config(path: str | os.PathLike, dtype=None) -> LlamaConfig:
     return gguf_config(open_gguf(path), dtype)
 
 
-def load_gguf(path: str | os.PathLike, dtype=None, progress: Progress | None = None,
-              mesh=None, quantize=None) -> Target:
-    """A target from a GGUF file: weights dequantized (to ``dtype``, default float32), the
-    tokenizer and chat template built from its metadata (:mod:`jspec.checkpoint.gguf_tokenizer`).
-
-    ``quantize="int8"`` / ``"w8a8"`` (32-input blocks, GGUF's own): the layer projections
-    keep the file's Q8_0 / Q4_0 blocks as int8 values and scales, exactly
-    (:mod:`jspec.checkpoint.gguf_blocks`); other modes quantize the dequantized weights."""
-    from jspec.quant import as_quant_config, quantize_target
+def open_target(path: str | os.PathLike, dtype=None):
+    """``(reader, config, tokenizer)`` of a GGUF, checked against each other."""
     from jspec.checkpoint.gguf_tokenizer import gguf_tokenizer
-    from jspec.target import shard_target
 
     reader = open_gguf(path)
     cfg = gguf_config(reader, dtype if dtype is not None else "float32")
@@ -285,16 +277,20 @@ def load_gguf(path: str | os.PathLike, dtype=None, progress: Progress | None = N
     if tok.vocab_size > cfg.vocab_size:
         raise CheckpointError(f"{path}: the tokenizer has {tok.vocab_size} tokens, more than "
                               f"the model's vocabulary of {cfg.vocab_size}")
-    qc = as_quant_config(quantize)
-    if qc is not None and qc.mode in ("int8", "w8a8") and qc.tile in (None, 32):
-        from jspec.checkpoint.gguf_blocks import gguf_packed_blocks
-        from jspec.quant import place_packed
-        from jspec.serving_layout import default_stacked
-        from jspec.quant import warn_if_inexact
-        warn_if_inexact(qc)
-        checked_tensors(reader, cfg)
-        packed = gguf_packed_blocks(reader, cfg, qc, default_stacked(), progress)
-        return Target(cfg, place_packed(cfg, packed, mesh), tok)
+    return reader, cfg, tok
+
+
+def load_gguf(path: str | os.PathLike, dtype=None, progress: Progress | None = None,
+              mesh=None, quantize=None) -> Target:
+    """A target from a GGUF file: weights dequantized (to ``dtype``, default float32), the
+    tokenizer and chat template built from its metadata (:mod:`jspec.checkpoint.gguf_tokenizer`).
+    ``quantize``: the dequantized weights quantized (:func:`jspec.quant.quantize_target`);
+    :func:`jspec.checkpoint.load_target` keeps a file's own int8 blocks instead where it can
+    (:mod:`jspec.checkpoint.gguf_blocks`)."""
+    from jspec.quant import quantize_target
+    from jspec.target import shard_target
+
+    reader, cfg, tok = open_target(path, dtype)
     target = Target(cfg, gguf_params(reader, cfg, progress), tok)
     target = shard_target(target, mesh) if mesh is not None else target
-    return quantize_target(target, qc)
+    return quantize_target(target, quantize)

@@ -22,7 +22,7 @@ import numpy as np
 import qwix
 
 from jspec.checkpoint.common import CheckpointError, to_param
-from jspec.checkpoint.gguf import dequantize, unpermute_qk
+from jspec.checkpoint.gguf import checked_tensors, dequantize, open_target, unpermute_qk
 from jspec.config import LlamaConfig
 from jspec.quant.config import QuantConfig
 from jspec.quant.qweight import QWeight
@@ -118,3 +118,22 @@ def gguf_packed_blocks(reader, cfg: LlamaConfig, qc: QuantConfig, stacked: bool,
         head = packed.get("lm_head", packed["embed"])
         packed["lm_head"] = quantize_weight(head, qc, jnp.dtype(cfg.dtype))
     return packed
+
+
+def keeps_blocks(qc: QuantConfig | None) -> bool:
+    """Whether ``qc`` takes a GGUF's int8 blocks as they are (int8 modes, GGUF's 32-input
+    blocks or no tile asked)."""
+    return qc is not None and qc.mode in ("int8", "w8a8") and qc.tile in (None, 32)
+
+
+def load_gguf_blocks(path, qc: QuantConfig, dtype=None, progress=None, mesh=None):
+    """A GGUF target whose layer projections are the file's blocks (see the module doc)."""
+    from jspec.quant import place_packed, warn_if_inexact
+    from jspec.serving_layout import default_stacked
+    from jspec.target import Target
+
+    warn_if_inexact(qc)
+    reader, cfg, tok = open_target(path, dtype)
+    checked_tensors(reader, cfg)
+    packed = gguf_packed_blocks(reader, cfg, qc, default_stacked(), progress)
+    return Target(cfg, place_packed(cfg, packed, mesh), tok)

@@ -25,6 +25,16 @@ HF_TO_GGUF = {
 }
 
 
+# A two-layer model with a 64-token byte-ish vocabulary, small enough to quantize in a test.
+SMALL_CFG = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2,
+                        num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True,
+                        eos_token_ids=(2,), bos_token_id=1)
+SMALL_VOCAB = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
+               "tokenizer.ggml.tokens": ["<s>", "</s>", "!\""] + [chr(0x21 + i) for i in range(61)],
+               "tokenizer.ggml.token_type": [3, 3] + [1] * 62, "tokenizer.ggml.merges": ["! \""],
+               "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1}
+
+
 def gguf_name(hf: str) -> str:
     if hf in HF_TO_GGUF:
         return HF_TO_GGUF[hf]

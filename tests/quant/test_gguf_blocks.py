@@ -8,24 +8,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers.gguf_files import write_llama_gguf
+from helpers.gguf_files import SMALL_CFG as CFG, SMALL_VOCAB as VOCAB, write_llama_gguf
 
 from jspec.checkpoint import load_target
-from jspec.config import LlamaConfig
 from jspec.llama import init_params
 from jspec.quant import mode_of
 from jspec.checkpoint.hf import state_dict_from_params
 from jspec.scoring import teacher_forced
 from jspec.serving_layout import pack_params
-
-CFG = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2,
-                  num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True,
-                  eos_token_ids=(2,), bos_token_id=1)
-VOCAB = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
-         "tokenizer.ggml.tokens": ["<s>", "</s>", "!\""] + [chr(0x21 + i) for i in range(61)],
-         "tokenizer.ggml.token_type": [3, 3] + [1] * 62, "tokenizer.ggml.merges": ["! \""],
-         "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1}
-
 
 @pytest.mark.parametrize("qtype,kept", [("Q8_0", True), ("Q4_0", True), ("Q4_1", False)])
 def test_blocks_kept_exactly(tmp_path, qtype, kept):

@@ -1,0 +1,159 @@
+"""Quantized targets on SmolLM2 (or any chat model): per mode against the float target, on
+held-out chat prompts, in one run.
+
+* quality: greedy agreement (the fp32 target's greedy tokens, teacher-forced, and how many of
+  them are also each mode's argmax) and the mean KL(fp32 || mode) of the next-token
+  distribution over the same positions;
+* weight bytes held and load time (a GGUF's Q8_0/Q4_0 blocks kept, other types requantized);
+* plain and EAGLE-3 (4,1,5)-chain tok/s at batch 1 and 8, every (mode, batch, method) timed
+  round-robin in one run. Without ``--drafter`` the EAGLE-3 head is random with its accept
+  length forced to 3 (what each mode's verify and draft steps cost); with a trained head's
+  directory, its real accept length against each target, and whether the tokens equal that
+  target's own plain output.
+
+``python -m jspec.bench quant --model smollm2 --limit 4 --max-new-tokens 48``
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.bench.registry import Command, run_module
+
+MODES = ("fp32", "bf16", "int8", "w8a8", "fp8")
+
+
+def add_args(s) -> None:
+    s.add_argument("--model", default="smollm2")
+    s.add_argument("--prompts", default="checkpoints/smollm2/prompts/heldout.json")
+    s.add_argument("--limit", type=int, default=4)
+    s.add_argument("--max-new-tokens", type=int, default=48)
+    s.add_argument("--modes", default=",".join(MODES))
+    s.add_argument("--drafter", default=None, help="a trained EAGLE-3 head's directory (default: "
+                   "a random head with its accept length forced to 3, which times the costs)")
+    s.add_argument("--batches", default="1,8")
+    s.add_argument("--repeats", type=int, default=2)
+
+
+def _load(path, mode):
+    import jspec
+    t0 = time.perf_counter()
+    if mode in ("fp32", "bf16"):
+        t = jspec.load_target(path, dtype="float32" if mode == "fp32" else "bfloat16")
+    else:
+        t = jspec.load_target(path, quantize=mode)
+    params = t.serving_params
+    jax.block_until_ready(params)
+    nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
+    return t, time.perf_counter() - t0, nbytes
+
+
+def _dist(target, ids):
+    from jspec import kv_cache as kvc
+    from jspec.llama import forward, logits
+    c, P = target.config, target.serving_params
+    T = len(ids)
+    pages = -(-T // 16)
+    cache = kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim,
+                           jnp.arange(pages, dtype=jnp.int32)[None], pages, 16, c.dtype)
+    h, _, _ = forward(c, P, jnp.asarray([ids]), jnp.arange(T)[None], cache)
+    return np.asarray(jax.nn.log_softmax(logits(c, P, h)[0], -1), np.float64)
+
+
+def quality(base, targets, prompts, max_new) -> dict:
+    """Per mode: greedy agreement with fp32's greedy tokens (teacher-forced) and mean KL."""
+    import jspec
+    ref = jspec.generate(base, prompts, max_new_tokens=max_new)
+    seqs = [p + t for p, t in zip(prompts, ref.tokens)]
+    ref_lp = [_dist(base, s) for s in seqs]
+    out = {}
+    for mode, t in targets.items():
+        agree, kl, n = 0, 0.0, 0
+        for p, s, lr in zip(prompts, seqs, ref_lp):
+            lq = _dist(t, s)
+            pos = slice(len(p) - 1, len(s) - 1)
+            agree += int((lq[pos].argmax(-1) == np.asarray(s[len(p):])).sum())
+            kl += float((np.exp(lr[pos]) * (lr[pos] - lq[pos])).sum())
+            n += len(s) - len(p)
+        out[mode] = {"greedy_agree": agree / n, "mean_KL": kl / n}
+    return out
+
+
+def speed(targets, prompts, max_new, drafter, batches, repeats) -> dict:
+    """tok/s per (mode, batch, plain | EAGLE-3), all timed round-robin in one run; EAGLE-3 runs
+    the (4, 1, 5) chain with its accept length forced to 3 (a random head: the costs, not a
+    trained head's acceptance) unless ``drafter`` is a trained head."""
+    import jspec
+    from jspec.bench.spec_simulate import sim_drafter
+    from jspec.spec_config import SpecConfig
+    from jspec.timing import round_robin, wall_s
+    spec = SpecConfig.chain(4)
+    sim = drafter is None
+    calls = {}
+    for mode, t in targets.items():
+        d = sim_drafter(t.config) if sim else drafter
+        for b in batches:
+            rows = [prompts[i % len(prompts)] for i in range(b)]
+            gen = lambda t=t, rows=rows, **kw: jspec.generate(
+                t, rows, max_new_tokens=max_new, stop_ids=[], **kw)
+            calls[mode, b, "plain"] = gen
+            calls[mode, b, "eagle3"] = functools.partial(
+                gen, drafter=d, spec=spec, **({"forced_accept": 3.0} if sim else {}))
+    timed = round_robin(calls, repeats, seconds=wall_s)
+    out = {}
+    for (mode, b, kind), t in timed.items():
+        r = t.result
+        out[mode, b, kind] = {"tok_s": b * max_new / t.median,
+                              "accept": float(np.mean([s["mean_accept_len"] for s in r.stats]))
+                              if kind == "eagle3" else 1.0, "tokens": r.tokens}
+    return out
+
+
+def main(a) -> None:
+    from jspec import messages
+    from jspec.fetch import resolve_model
+    path = resolve_model(a.model)
+    convs = json.loads(Path(a.prompts).read_text())[:a.limit]
+    modes = [m.strip() for m in a.modes.split(",")]
+    loaded = {m: _load(path, m) for m in modes}
+    targets = {m: v[0] for m, v in loaded.items()}
+    base = targets.get("fp32") or _load(path, "fp32")[0]
+    prompts = [messages.render(base, c) for c in convs]
+    drafter = None
+    if a.drafter:
+        from jspec.args import load_drafter_arg
+        drafter = load_drafter_arg(a.drafter, base)
+    q = quality(base, targets, prompts, a.max_new_tokens)
+    batches = [int(b) for b in a.batches.split(",")]
+    sp = speed(targets, prompts, a.max_new_tokens, drafter, batches, a.repeats)
+    rows = []
+    for m in modes:
+        row = {"mode": m, "weights MB": loaded[m][2] / 1e6, "load s": loaded[m][1],
+               "greedy agree": q[m]["greedy_agree"], "mean KL": q[m]["mean_KL"]}
+        for b in batches:
+            pl, e3 = sp[m, b, "plain"], sp[m, b, "eagle3"]
+            row[f"plain b{b} tok/s"] = pl["tok_s"]
+            row[f"EAGLE-3 b{b} tok/s"] = e3["tok_s"]
+            row[f"accept b{b}"] = e3["accept"]
+            if drafter is not None:      # forced acceptance emits no real tokens to compare
+                row[f"b{b} equal"] = e3["tokens"] == pl["tokens"]
+        rows.append(row)
+    from jspec.bench import common
+    print(f"{a.model}: {len(prompts)} held-out chat prompts, {a.max_new_tokens} new tokens, "
+          f"EAGLE-3 (4,1,5) chain, " + ("head " + a.drafter if drafter is not None else
+                                        "random head with accept length forced to 3"))
+    print(common.format_table(rows, list(rows[0])))
+
+
+COMMAND = Command("quant", "quantized targets against fp32: greedy agreement, KL, bytes, "
+                  "load time, tok/s (and a drafter's accept length)", add_args, main)
+
+if __name__ == "__main__":
+    run_module(COMMAND)
