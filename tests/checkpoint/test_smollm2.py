@@ -70,13 +70,16 @@ def paths(smollm2, tmp_path_factory):
 
 
 @pytest.mark.parametrize("path", ["generate-plain", "generate-eagle3", "engine-plain",
-                                  "engine-eagle3", "runner-plain", "runner-eagle3"])
+                                  "engine-eagle3", "runner-eagle3"])
 def test_equals_transformers(paths, path):
+    from helpers.smollm2_paths import SERVED_TOKENS
+    n = len(ROWS[0]["tokens"]) if path.startswith("generate") else SERVED_TOKENS
     for r, toks in zip(ROWS, paths[path]):
-        assert toks == r["tokens"], (path, r.get("text") or r["messages"][-1]["content"],
+        assert toks == r["tokens"][:n], (path, r.get("text") or r["messages"][-1]["content"],
                                      f"min top-2 gap {r['min_top2_gap']:.4f}")
 
 
+@pytest.mark.slow      # the golden file pins transformers' tokens; this recomputes one row (a minute)
 def test_transformers_live(smollm2):
     """The golden's first chat row recomputed by transformers now (the ``hf`` extra)."""
     pytest.importorskip("transformers")

@@ -75,8 +75,13 @@ def test_plain_sampling_matches_enumeration(target, exact):
     assert cells > 50 and p > 1e-3, (p, cells)
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(3, 4, 8), SpecConfig(3, 4, 8, "calibrated"),
-                                  SpecConfig.chain(3)], ids=["tree", "tree-calibrated", "chain"])
+# About a minute apiece here: the tree runs by default, the calibrated tree and the chain (a
+# tree of one branch) with -m slow, to keep the default run inside CI's time.
+@pytest.mark.parametrize("spec", [SpecConfig(3, 4, 8),
+                                  pytest.param(SpecConfig(3, 4, 8, "calibrated"),
+                                               marks=pytest.mark.slow),
+                                  pytest.param(SpecConfig.chain(3), marks=pytest.mark.slow)],
+                         ids=["tree", "tree-calibrated", "chain"])
 def test_speculative_sampling_matches_enumeration(target, exact, spec, rank_model):
     from jspec.drafters.calibration import attach
     drafter = random_drafter("eagle1", target.config, jax.random.key(2))

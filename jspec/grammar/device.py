@@ -1,0 +1,113 @@
+"""Grammar automata on the device: the tables of every row's grammar in one pytree, and the
+lookups the compiled loops make (masks, state steps, the states of a draft tree's nodes).
+
+Rows of one batch may hold different grammars, or none: :func:`stack` puts the automata in
+one table, each at its own state offset, over classes refined jointly. State 0 is free (every
+token allowed, stop ids included, and it stays 0): a row without a grammar sits there. The
+last state is the shared dead state. Everything here is a table lookup, so the masks of all
+the tree's nodes cost one gather, inside the loop, with no host round trip.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jspec.grammar.automaton import TokenAutomaton
+from jspec.shapes import Bool, Int
+
+
+@struct.dataclass
+class GrammarState:
+    next_state: Int["S C"]     # the stacked table; row S - 1 is dead
+    token_class: Int["V"]
+    state: Int["B"]            # each row's state after every token it has emitted
+
+    @property
+    def dead(self):
+        return self.next_state.shape[0] - 1
+
+
+def stack(automata: Sequence[TokenAutomaton | None], vocab_size: int):
+    """``(next_state [S, C], token_class [V], initial [B])`` numpy tables for rows whose
+    grammars are ``automata`` (None: unconstrained)."""
+    present = [a for a in automata if a is not None]
+    classes = np.zeros(vocab_size, np.int64)
+    for a in present:               # joint classes: tokens alike under every grammar
+        if a.token_class.shape[0] != vocab_size:
+            raise ValueError(f"a grammar built for {a.token_class.shape[0]} tokens, the "
+                             f"model has {vocab_size}")
+        key = classes * (a.num_classes + 1) + a.token_class
+        classes = np.unique(key, return_inverse=True)[1]
+    C = int(classes.max()) + 1
+    rep = np.zeros(C, np.int64)
+    rep[classes[::-1]] = np.arange(vocab_size)[::-1]
+    offsets, total = {}, 1                                # state 0: free
+    for a in present:
+        if id(a) not in offsets:
+            offsets[id(a)] = total
+            total += a.num_states - 1                     # each one's dead state is shared
+    dead = total
+    table = np.full((total + 1, C), dead, np.int32)
+    table[0] = 0
+    for a in present:
+        o = offsets[id(a)]
+        sub = a.next_state[:-1][:, a.token_class[rep]]
+        table[o:o + a.num_states - 1] = np.where(sub == a.dead, dead, sub + o)
+    initial = np.asarray([0 if a is None else offsets[id(a)] + a.initial for a in automata],
+                         np.int32)
+    return table, classes.astype(np.int32), initial
+
+
+def initial_state(automata: Sequence[TokenAutomaton | None], vocab_size: int) -> GrammarState | None:
+    """The device state of a batch's grammars, or None when no row has one (then nothing
+    grammar-related is traced)."""
+    if all(a is None for a in automata):
+        return None
+    table, classes, initial = stack(automata, vocab_size)
+    return GrammarState(jnp.asarray(table), jnp.asarray(classes), jnp.asarray(initial))
+
+
+def allowed(g: GrammarState, states: jax.Array) -> Bool["..."]:
+    """``[..., V]``: the tokens allowed in ``states [...]``. The dead state allows every token
+    (a node under a refused draft is never reached; this keeps its logits finite)."""
+    rows = g.next_state[states]                            # [..., C]
+    ok = jnp.take(rows, g.token_class, axis=-1) != g.dead
+    return ok | (states == g.dead)[..., None]
+
+
+def mask_logits(g: GrammarState | None, states: jax.Array | None, logits: jax.Array) -> jax.Array:
+    """``logits [..., V]`` with the tokens ``states [...]`` forbids at -inf; unchanged without
+    a grammar. Softmax of the result is the target's distribution renormalized over the
+    allowed tokens, which is what every sampling path must use (lossless under a grammar)."""
+    if g is None:
+        return logits
+    return jnp.where(allowed(g, states), logits, -jnp.inf)
+
+
+def step(g: GrammarState, states: jax.Array, tokens: jax.Array) -> jax.Array:
+    return g.next_state[states, g.token_class[tokens]]
+
+
+def advance(g: GrammarState | None, tokens: jax.Array, live: jax.Array) -> GrammarState | None:
+    """Each live row's state after its new ``tokens [B]``."""
+    if g is None:
+        return None
+    return g.replace(state=jnp.where(live, step(g, g.state, tokens), g.state))
+
+
+def node_states(g: GrammarState, tree, max_depth: int) -> Int["B N"]:
+    """The state at each node of a draft tree, from its own path: the root (already counted
+    in the row's state) is at the row's state, a node at its parent's stepped by its token.
+    Depth by depth, so each node reads its parent's finished state."""
+    B, N = tree.tokens.shape
+    s = jnp.broadcast_to(g.state[:, None], (B, N))
+    parent = jnp.maximum(tree.parents, 0)
+    for d in range(1, max_depth + 1):
+        up = jnp.take_along_axis(s, parent, 1)
+        s = jnp.where(tree.depths == d, step(g, up, tree.tokens), s)
+    return s

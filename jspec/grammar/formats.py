@@ -1,0 +1,75 @@
+"""``response_format`` dicts (OpenAI's, and jspec's regex / choice / grammar) -> the regular
+expression a token automaton is built from, checked before anything compiles.
+
+- ``{"type": "text"}`` or None: unconstrained;
+- ``{"type": "json_object"}``: any JSON object (outlines-core's regex for ``{"type":
+  "object"}``, nesting bounded as it bounds it);
+- ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}``: outlines-core's
+  ``build_regex_from_schema`` (no recursion: a regular grammar);
+- ``{"type": "regex", "regex": "..."}``;
+- ``{"type": "choice", "choices": ["a", "b"]}``: exactly one of the strings;
+- ``{"type": "grammar", "grammar": "..."}``: a context-free grammar (Lark/EBNF), which no
+  finite table holds; refused with a clear error until the host path exists.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from jspec.grammar.automaton import GrammarError
+
+TYPES = ("text", "json_object", "json_schema", "regex", "choice", "grammar")
+
+
+def _need(fmt: dict, key: str, kind, what: str):
+    v = fmt.get(key)
+    if not isinstance(v, kind) or (isinstance(v, (str, list, dict)) and not v):
+        raise GrammarError(f"response_format of type {fmt['type']!r} needs {what}")
+    return v
+
+
+def _schema_regex(schema) -> str:
+    from outlines_core.json_schema import build_regex_from_schema
+    try:
+        return build_regex_from_schema(json.dumps(schema))
+    except (ValueError, TypeError) as e:
+        raise GrammarError(f"unsupported JSON schema: {e}") from None
+
+
+def to_regex(fmt: Any) -> str | None:
+    """The regex ``fmt`` constrains output to, or None for unconstrained output."""
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+        raise GrammarError('response_format must be an object with a "type" '
+                           f"(one of {', '.join(TYPES)})")
+    kind = fmt["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return _schema_regex({"type": "object"})
+    if kind == "json_schema":
+        spec = _need(fmt, "json_schema", dict, 'a "json_schema" object')
+        schema = spec.get("schema")
+        if not isinstance(schema, dict):
+            raise GrammarError('response_format json_schema needs a "schema" object')
+        return _schema_regex(schema)
+    if kind == "regex":
+        rx = _need(fmt, "regex", str, 'a non-empty "regex" string')
+        try:
+            re.compile(rx)
+        except re.error as e:
+            raise GrammarError(f"bad regex {rx!r}: {e}") from None
+        return rx
+    if kind == "choice":
+        choices = _need(fmt, "choices", list, 'a non-empty "choices" list')
+        if not all(isinstance(c, str) and c for c in choices):
+            raise GrammarError("response_format choices must be non-empty strings")
+        return "(" + "|".join(re.escape(c) for c in choices) + ")"
+    if kind == "grammar":
+        raise GrammarError("context-free grammars (type 'grammar') need the host matcher, "
+                           "which this build does not have yet; regular grammars (json_schema, "
+                           "json_object, regex, choice) run on the device")
+    raise GrammarError(f"unknown response_format type {kind!r} (one of {', '.join(TYPES)})")
