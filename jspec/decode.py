@@ -25,6 +25,7 @@ from flax import struct
 from jax.sharding import Mesh
 
 from jspec import kernels, kv_cache as kvc, logprobs, prefill as chunked
+from jspec.grammar import device as grammar
 from jspec.config import LlamaConfig
 from jspec.llama import forward, logits as lm_logits
 from jspec.serving_layout import pack_params
@@ -63,6 +64,9 @@ class DecodeState:
     # Each row's settings (runtime values, jspec.sampling.RowSampling); None when the static
     # config never samples (then an argmax alone is traced).
     sampling: Any = None
+    # The rows' grammars and states (jspec.grammar.device.GrammarState); None: unconstrained
+    # (then nothing grammar-related is traced).
+    grammar: Any = None
 
 
 def emit_block(s, toks, n, stop_ids, max_new, next_slots: int, finite=None, lp=None):
@@ -151,13 +155,15 @@ class PlainDecoder:
 
     @functools.partial(jax.jit, static_argnames=("self",))
     def run(self, params, prompt, prompt_lens, page_table, stop_ids, max_new, key,
-            rows=None) -> DecodeState:
+            rows=None, grammar=None) -> DecodeState:
         """``params``: packed (:attr:`jspec.target.Target.serving_params`) or checkpoint
         layout (then packed inside, once per call). ``prompt [B, T]`` right-padded;
         ``page_table [B, max_pages]``; ``stop_ids [B, S]``
         padded with -1; ``max_new [B]``; ``key`` one PRNG key (split into the rows' keys
         here) or the rows' keys ``[B]``; ``rows``: each row's sampling settings as runtime
-        values (:class:`jspec.sampling.RowSampling`; None: the static config's). On a mesh
+        values (:class:`jspec.sampling.RowSampling`; None: the static config's); ``grammar``:
+        the rows' grammar automata and initial states (:mod:`jspec.grammar.device`; None:
+        unconstrained), every token drawn from the target masked by its row's state. On a mesh
         the loop runs per data shard (:func:`jspec.sharding.per_data_shard`): ``num_pages``
         is one shard's pool and the page table holds shard-local page ids."""
         TRACE_COUNTS["plain"] += 1
@@ -166,12 +172,12 @@ class PlainDecoder:
         row_keys = key if key.shape else jax.random.split(key, prompt.shape[0])
         if self.mesh is None:
             return self._loop(params, prompt, prompt_lens, page_table, stop_ids, max_new,
-                              row_keys, rows)
+                              row_keys, rows, grammar)
         return per_data_shard(self.mesh, self._loop, 1)(params, prompt, prompt_lens, page_table,
                                                          stop_ids, max_new, row_keys)
 
     def _loop(self, params, prompt, prompt_lens, page_table, stop_ids, max_new, row_keys,
-              rows=None):
+              rows=None, grammar_state=None):
         c = self.config
         B = prompt.shape[0]
         cache = kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, page_table,
@@ -185,10 +191,8 @@ class PlainDecoder:
             row_keys=row_keys, step=jnp.zeros((), jnp.int32),
             logprobs=None if self.logprobs_k is None else
             logprobs.empty(B, self.max_new_tokens, self.logprobs_k),
-            sampling=self.sampling.rows(B) if rows is None else rows)
-        tok = sample(logits, row_step_keys(state), self.sampling, state.sampling)
-        state = emit(state, tok, stop_ids, max_new, finite_rows(logits),
-                     self.token_logprobs(logits, tok))
+            sampling=self.sampling.rows(B) if rows is None else rows, grammar=grammar_state)
+        state = self.draw(state, logits, stop_ids, max_new)
 
         def cond(s):
             return ~jnp.all(s.done)
@@ -206,5 +210,14 @@ class PlainDecoder:
                                    attention_fn=kernels.attention_fn(self.kernels))
         logits = lm_logits(self.config, params, hidden[:, 0])
         s = s.replace(cache=kvc.advance(cache, live.astype(jnp.int32)), step=s.step + 1)
+        return self.draw(s, logits, stop_ids, max_new)
+
+    def draw(self, s: DecodeState, logits, stop_ids, max_new) -> DecodeState:
+        """Pick each running row's next token from ``logits [B, V]`` (masked by its grammar
+        state, if any: the renormalized allowed distribution) and emit it."""
+        finite = finite_rows(logits)
+        g = s.grammar
+        logits = grammar.mask_logits(g, None if g is None else g.state, logits)
         tok = sample(logits, row_step_keys(s), self.sampling, s.sampling)
-        return emit(s, tok, stop_ids, max_new, finite_rows(logits), self.token_logprobs(logits, tok))
+        s = s.replace(grammar=grammar.advance(g, tok, ~s.done))
+        return emit(s, tok, stop_ids, max_new, finite, self.token_logprobs(logits, tok))

@@ -54,7 +54,8 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
              spec: SpecConfig | str | None = None,
              forced_accept: float = 0.0, profile: bool = False,
              kernels: str = "auto", slots: int | None = None,
-             logprobs: int | None = None, exact_shapes: bool = False) -> GenerationResult:
+             logprobs: int | None = None, exact_shapes: bool = False,
+             response_format=None) -> GenerationResult:
     """Generate continuations of ``prompts``: with the target alone, or speculatively.
 
     ``prompts``: one prompt or a list; each a string (needs a tokenizer) or token ids.
@@ -99,6 +100,15 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     with a drafter, from the verify pass's logits). Prompt logprobs:
     :func:`jspec.scoring.teacher_forced`, or :meth:`jspec.engine.Engine.score`.
 
+    ``response_format``: structured output, one for every row or a list with one per row
+    (None: unconstrained): OpenAI's ``{"type": "json_object"}`` and ``{"type": "json_schema",
+    "json_schema": {"name": ..., "schema": {...}}}``, and ``{"type": "regex", "regex": ...}``,
+    ``{"type": "choice", "choices": [...]}`` (:mod:`jspec.grammar`). The grammar is compiled to
+    a token automaton on the device; every token the target decides is drawn from its
+    distribution masked by the row's grammar state (renormalized), so speculative output
+    equals constrained plain output (greedy: token for token). A row ends on a stop id once
+    its grammar is complete. Bad grammars raise :class:`jspec.grammar.GrammarError` first.
+
     ``exact_shapes``: compile for this call's exact shapes. By default (on one device, without
     ``profile``) the rows, the prompt block and the KV length are rounded up to buckets and the
     sampling settings are runtime values (:mod:`jspec.shape_buckets`), so calls that differ in
@@ -119,7 +129,7 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
     engine_slots = _through_engine(target, prompts, slots, max_new_tokens, mesh=mesh,
                                    max_len=max_len, num_pages=num_pages,
                                    kv_admission=kv_admission, profile=profile,
-                                   forced_accept=forced_accept)
+                                   forced_accept=forced_accept, response_format=response_format)
     if engine_slots:
         return _engine_generate(target, prompts, slots=engine_slots,
                                 max_new_tokens=max_new_tokens,
@@ -128,6 +138,9 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
                                 stop_ids=stop_ids, page_size=page_size,
                                 prompt_bucket=prompt_bucket, drafter=drafter, spec=spec,
                                 kernels=kernels, logprobs=logprobs)
+    if profile and response_format is not None:
+        raise ValueError("profile=True does not support response_format (the profile drives the "
+                         "phases from the host, without the grammar)")
     if profile and mesh is not None:
         # The profile drives the phases from the host over one pool; a mesh's pools and page
         # tables are per data shard (jspec.sharding.per_data_shard).
@@ -137,7 +150,8 @@ def generate(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 6
              kv=KVConfig(page_size, num_pages, max_len, kv_admission, prompt_bucket,
                          prefill_chunk), mesh=mesh,
              drafter=drafter, spec=spec, forced_accept=forced_accept, kernels=kernels,
-             logprobs_k=logprobs, exact_shapes=exact_shapes or profile)
+             logprobs_k=logprobs, exact_shapes=exact_shapes or profile,
+             response_format=response_format)
     t0 = time.perf_counter()
     state, prof = p.run(jax.random.key(seed) if key is None else key, profile=profile)
     tokens, stats = p.collect(state)
@@ -220,13 +234,13 @@ def _through_engine(target, prompts, slots, max_new_tokens, **batch_knobs) -> in
     when there are more prompts than slots; without, when one static batch's KV pools would
     pass :func:`static_kv_budget` (then :func:`jspec.engine.default_slots` slots). Only with
     the batch knobs at their defaults (no mesh, max_len, num_pages, partial admission,
-    profile or forced_accept)."""
+    profile, forced_accept or response_format)."""
     if isinstance(prompts, str) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
         return None
     if len(prompts) and isinstance(prompts[0], (int, np.integer)):
         return None
     defaults = dict(mesh=None, max_len=None, num_pages=None, kv_admission="reserve",
-                    profile=False, forced_accept=0.0)
+                    profile=False, forced_accept=0.0, response_format=None)
     if any(batch_knobs[k] != v for k, v in defaults.items()):
         return None
     B = len(prompts)

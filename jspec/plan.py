@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec import distributed as dist, executables, position_stats, shape_buckets as buckets
+from jspec.grammar import constraint
 from jspec.admission import ADMISSIONS, admit
 from jspec.decode import STOP_REASONS, PlainDecoder
 from jspec.kernels import check_mode as check_kernels, resolve as resolve_kernels
@@ -181,6 +182,8 @@ class Plan:
     rows: RowSampling | None = None
     bucketed: bool = False
     shape: tuple = ()
+    # The rows' grammars on device (jspec.grammar.device.GrammarState; None: unconstrained).
+    grammar: Any = None
 
     @property
     def batch(self) -> int:
@@ -206,8 +209,13 @@ class Plan:
             return self.decoder.profile(*self.call_args(key))
         args = self.call_args(key)
         if not self.bucketed:
-            return self.decoder.run(*args), None
-        return self.executable(args)(*args, rows=self.rows), None
+            return self.decoder.run(*args, grammar=self.grammar), None
+        return self.executable(args)(*args, **self.runtime_kwargs), None
+
+    @property
+    def runtime_kwargs(self) -> dict:
+        """The decoder's runtime keyword arguments: sampling settings and grammars."""
+        return {"rows": self.rows, "grammar": self.grammar}
 
     def executable(self, args=None):
         """The compiled decoder for these shapes (:mod:`jspec.executables`: once a process)."""
@@ -216,7 +224,7 @@ class Plan:
         what = (f"{'plain' if self.drafter is None else 'speculative'} decoding "
                 f"({'sampled' if self.decoder.sampling.may_sample else 'greedy'}) for batch "
                 f"{B}, prompt {T}, KV {L}")
-        return executables.get(self.decoder, args, self.rows, what)
+        return executables.get(self.decoder, args, self.runtime_kwargs, what)
 
     def lower(self, key: jax.Array | None = None):
         """The decoder's whole program lowered with abstract arguments (nothing runs)."""
@@ -225,7 +233,7 @@ class Plan:
                                                                sharding=getattr(x, "sharding",
                                                                                 None)),
                                 self.call_args(key))
-        return self.decoder.run.trace(self.decoder, *abstract, rows=self.rows).lower()
+        return self.decoder.run.trace(self.decoder, *abstract, **self.runtime_kwargs).lower()
 
     def collect(self, state) -> tuple[list[list[int]], list[dict]]:
         """``(tokens per row, stats per row)`` of a final state, this process's rows."""
@@ -294,7 +302,7 @@ def plan(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
          sampling: SamplingConfig = SamplingConfig(), stop_ids=None, kv: KVConfig = KVConfig(),
          mesh=None, drafter=None, spec: SpecConfig | str | None = None,
          forced_accept: float = 0.0, kernels: str = "auto", logprobs_k: int | None = None,
-         exact_shapes: bool = False) -> Plan:
+         exact_shapes: bool = False, response_format=None) -> Plan:
     """Check a request and build its compiled decoder; see :func:`jspec.generate` for the
     arguments. Every error a request can have is raised here, before anything compiles.
     Shapes are bucketed (:mod:`jspec.shape_buckets`) on one device unless ``exact_shapes``."""
@@ -319,6 +327,8 @@ def plan(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
     bucketed = not exact_shapes and mesh is None
     per_row = drafter is not None and getattr(drafter.module, "per_row_params", False)
     Bc = buckets.rows(B) if bucketed and kv.num_pages is None and not per_row else B
+    grammar_state = constraint.plan_grammar(target, response_format, stops, B, Bc,
+                                            mesh=mesh, forced_accept=forced_accept)
     lens, limits, stops = buckets.pad_rows(Bc, lens, limits, stops)
     T, cap_new, num_pages, page_table = admit(
         lens, limits, drafting.overshoot if drafting else 0, kv.prompt_bucket, kv.max_len,
@@ -349,4 +359,5 @@ def plan(target: Target, prompts, *, max_new_tokens: int | Sequence[int] = 64,
                               forced_accept=float(forced_accept), **common)
     return Plan(target=target, decoder=decoder, drafter=served, ids=ids, is_text=is_text,
                 args=tuple(rows), mesh=mesh, multi=multi, rows=rows_sampling,
-                bucketed=bucketed, shape=(Bc, T, page_table.shape[1] * kv.page_size))
+                bucketed=bucketed, shape=(Bc, T, page_table.shape[1] * kv.page_size),
+                grammar=grammar_state)

@@ -29,6 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 from jspec import kernels, kv_cache as kvc, logprobs, position_stats, prefill as chunked
 from jspec.config import LlamaConfig
+from jspec.grammar import device as grammar
 from jspec.decode import MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, emit_block, finite_rows
 from jspec.llama import forward, logits as lm_logits
 from jspec.platform import target_platform
@@ -64,6 +65,9 @@ class SpecState:
     # Each row's settings (runtime values, jspec.sampling.RowSampling); None when the static
     # sampling config never samples (then the walk is greedy and nothing else is traced).
     sampling: Any = None
+    # The rows' grammars and states after every emitted token, the root included
+    # (jspec.grammar.device.GrammarState); None: unconstrained, nothing of it traced.
+    grammar: Any = None
 
 
 def verify_padding(batch: int, nodes: int) -> int:
@@ -114,23 +118,26 @@ class SpecDecoder:
 
     # --------------------------------------------------------------- phases
     def prefill(self, params, dparams, prompt, prompt_lens, page_table, draft_table, key,
-                rows=None):
+                rows=None, grammar_state=None):
         c = self.config
         cache = kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, page_table,
                                self.num_pages, self.page_size, c.dtype)
         cache = constrain_kv(cache, c, self.mesh)
         dstate = self.drafter.init_state(prompt.shape[0], draft_table, self.num_pages,
                                          self.page_size)
-        return self.prefill_into(params, dparams, cache, dstate, prompt, prompt_lens, key, rows)
+        return self.prefill_into(params, dparams, cache, dstate, prompt, prompt_lens, key, rows,
+                                 grammar_state)
 
-    def prefill_into(self, params, dparams, cache, dstate, prompt, prompt_lens, key, rows=None):
+    def prefill_into(self, params, dparams, cache, dstate, prompt, prompt_lens, key, rows=None,
+                     grammar_state=None):
         """Prefill ``prompt [B, T]`` into a given cache and drafter state (fresh ones, or,
         in the serving engine, one row's pages of the live pools), chunk by chunk
         (:mod:`jspec.prefill`): each chunk through the target, then its (feature, next
         token) pairs into the drafter (``prefill`` for the first chunk, ``extend`` after).
         A row's last pair takes the first generated token, sampled in the chunk that holds
         the row's last prompt position, with the rows' settings ``rows``
-        (:class:`jspec.sampling.RowSampling`; None: greedy, or the config's). Returns
+        (:class:`jspec.sampling.RowSampling`; None: greedy, or the config's), masked by the
+        rows' grammars (``grammar_state``, :mod:`jspec.grammar.device`; None: none). Returns
         ``(cache, drafter state, first token, row keys, finite, first token's logprob block
         [B, 1, ...] or None)``."""
         c, d = self.config, self.drafter
@@ -146,6 +153,8 @@ class SpecDecoder:
             hidden, aux, cache = chunked.target_chunk(c, params, cache, chunk, self.aux_layers,
                                                       attend)
             logits = lm_logits(c, params, chunk.take_last(hidden))
+            g = grammar_state
+            logits = grammar.mask_logits(g, None if g is None else g.state, logits)
             # (logits, first token) of the rows whose last prompt position is in this chunk.
             last = chunked.keep_last(chunk, (logits, sample(logits, keys0, self.sampling, rows)),
                                      last)
@@ -261,8 +270,10 @@ class SpecDecoder:
                                     kernels=self.kernels)
 
     def finish_phase(self, params, dparams, s: SpecState, tree, logits, feats, cache, stop_ids,
-                     max_new) -> SpecState:
-        """Walk or sample, commit the accepted path, extend the drafter, emit tokens."""
+                     max_new, node_states=None) -> SpecState:
+        """Walk or sample, commit the accepted path, extend the drafter, emit tokens.
+        ``node_states [B, N]``: each node's grammar state (``logits`` are masked by them
+        already), from which the rows' states advance by what they accept."""
         live = ~s.done
         keys = jax.vmap(jax.random.fold_in)(s.row_keys, s.iterations + 1)
         with jax.named_scope("walk"):
@@ -287,7 +298,8 @@ class SpecDecoder:
             dstate = self.drafter.extend(dparams, (self.config, params), s.draft, acc_feats,
                                          toks, n, kernels=self.kernels)
         hist = s.accept_hist.at[jnp.arange(toks.shape[0]), n].add(live.astype(jnp.int32))
-        s = s.replace(cache=cache, draft=dstate, root=jnp.where(live, bonus, s.root),
+        g = grammar.after_accept(s.grammar, node_states, idx, n, bonus, live)
+        s = s.replace(cache=cache, draft=dstate, root=jnp.where(live, bonus, s.root), grammar=g,
                       iterations=s.iterations + live.astype(jnp.int32), accept_hist=hist,
                       accept_by_pos=position_stats.record(s.accept_by_pos, s.cache.lengths, n,
                                                           live))
@@ -300,18 +312,21 @@ class SpecDecoder:
             tree = self.draft_phase(params, dparams, s)
         with jax.named_scope("verify"):
             logits, feats, cache = self.verify(params, s.cache, tree)
+        with jax.named_scope("grammar"):
+            logits, node_states = grammar.mask_tree(s.grammar, tree, logits, self.shape[0])
         with jax.named_scope("finish"):
             return self.finish_phase(params, dparams, s, tree, logits, feats, cache, stop_ids,
-                                     max_new)
+                                     max_new, node_states)
 
     # ------------------------------------------------------------------ run
     def initial_state(self, params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids,
-                      max_new, key, rows=None) -> SpecState:
+                      max_new, key, rows=None, grammar_state=None) -> SpecState:
         S, _ = self.shape
         B = prompt.shape[0]
         rows = self.sampling.rows(B) if rows is None else rows
         cache, dstate, first, row_keys, finite, first_lp = self.prefill(
-            params, dparams, prompt, prompt_lens, page_table, draft_table, key, rows)
+            params, dparams, prompt, prompt_lens, page_table, draft_table, key, rows,
+            grammar_state)
         s = SpecState(
             cache=cache, draft=dstate, root=first,
             tokens=jnp.zeros((B, self.max_new_tokens + S + 1), jnp.int32),
@@ -320,15 +335,17 @@ class SpecDecoder:
             iterations=jnp.zeros((B,), jnp.int32), accept_hist=jnp.zeros((B, S + 2), jnp.int32),
             row_keys=row_keys, accept_by_pos=position_stats.empty(B),
             logprobs=None if self.logprobs_k is None else
-            logprobs.empty(B, self.max_new_tokens + S + 1, self.logprobs_k), sampling=rows)
+            logprobs.empty(B, self.max_new_tokens + S + 1, self.logprobs_k), sampling=rows,
+            grammar=grammar.advance(grammar_state, first, finite))
         return self.emit(s, first[:, None], finite.astype(jnp.int32), stop_ids, max_new, finite,
                          first_lp)
 
     @functools.partial(jax.jit, static_argnames=("self",))
     def run(self, params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids, max_new,
-            key, rows=None) -> SpecState:
+            key, rows=None, grammar=None) -> SpecState:
         """As :meth:`jspec.decode.PlainDecoder.run` (``key``: one key or the rows' keys;
-        ``rows``: runtime sampling settings), with the drafter's params and page table."""
+        ``rows``: runtime sampling settings; ``grammar``: the rows' grammars), with the
+        drafter's params and page table."""
         TRACE_COUNTS["spec"] += 1
         params = pack_params(self.config, params)   # a no-op for packed (serving) params
         # The same keys on any mesh.
@@ -336,13 +353,13 @@ class SpecDecoder:
         args = (params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids,
                 max_new, row_keys)
         if self.mesh is None:
-            return self._loop(*args, rows)
+            return self._loop(*args, rows, grammar)
         return per_data_shard(self.mesh, self._loop, 2)(*args)
 
     def _loop(self, params, dparams, prompt, prompt_lens, page_table, draft_table, stop_ids,
-              max_new, row_keys, rows=None) -> SpecState:
+              max_new, row_keys, rows=None, grammar_state=None) -> SpecState:
         s = self.initial_state(params, dparams, prompt, prompt_lens, page_table, draft_table,
-                               stop_ids, max_new, row_keys, rows)
+                               stop_ids, max_new, row_keys, rows, grammar_state)
         return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
                                   lambda s: self.iterate(params, dparams, s, stop_ids, max_new), s)
 

@@ -80,13 +80,19 @@ def allowed(g: GrammarState, states: jax.Array) -> Bool["..."]:
     return ok | (states == g.dead)[..., None]
 
 
+# A forbidden token's logit: finite, so the loops' NaN/inf checks keep meaning a broken model,
+# and far enough down that its probability underflows to exactly 0 (exp(-1e30) in f32).
+FORBIDDEN = -1e30
+
+
 def mask_logits(g: GrammarState | None, states: jax.Array | None, logits: jax.Array) -> jax.Array:
-    """``logits [..., V]`` with the tokens ``states [...]`` forbids at -inf; unchanged without
-    a grammar. Softmax of the result is the target's distribution renormalized over the
-    allowed tokens, which is what every sampling path must use (lossless under a grammar)."""
+    """``logits [..., V]`` with the tokens ``states [...]`` forbids at :data:`FORBIDDEN`;
+    unchanged without a grammar. Softmax of the result is the target's distribution
+    renormalized over the allowed tokens, which is what every sampling path must use
+    (lossless under a grammar)."""
     if g is None:
         return logits
-    return jnp.where(allowed(g, states), logits, -jnp.inf)
+    return jnp.where(allowed(g, states), logits, jnp.asarray(FORBIDDEN, logits.dtype))
 
 
 def step(g: GrammarState, states: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -111,3 +117,23 @@ def node_states(g: GrammarState, tree, max_depth: int) -> Int["B N"]:
         up = jnp.take_along_axis(s, parent, 1)
         s = jnp.where(tree.depths == d, step(g, up, tree.tokens), s)
     return s
+
+
+def mask_tree(g: GrammarState | None, tree, logits, max_depth: int):
+    """``(logits [B, N, V] masked node by node, node states [B, N])``: each node's logits
+    decide the token after it, so they are masked by the node's own path's state. Unchanged
+    (and None) without a grammar."""
+    if g is None:
+        return logits, None
+    states = node_states(g, tree, max_depth)
+    return mask_logits(g, states, logits), states
+
+
+def after_accept(g: GrammarState | None, states, idx, n, bonus, live) -> GrammarState | None:
+    """The rows' states once a verify pass emitted its ``n [B]`` tokens: the last accepted
+    node's state (``idx [B, S+1]``: the path's nodes), stepped by the bonus token."""
+    if g is None:
+        return None
+    at = jnp.take_along_axis(states, jnp.maximum(idx, 0), 1)
+    last = jnp.take_along_axis(at, jnp.maximum(n - 1, 0)[:, None], 1)[:, 0]
+    return g.replace(state=jnp.where(live & (n > 0), step(g, last, bonus), g.state))

@@ -1,0 +1,66 @@
+"""What the plan calls: a request's ``response_format`` (one for every row, or one per row)
+checked and compiled on the host, then the rows' grammars stacked into one device table whose
+shape is rounded up, so that other schemas of similar size reuse the compiled decoder."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jspec.grammar import compile_format, device
+from jspec.grammar.automaton import GrammarError
+
+
+def _bucket(n: int, least: int) -> int:
+    return max(least, 1 << (int(n) - 1).bit_length())
+
+
+def row_formats(response_format: Any, B: int) -> list:
+    """One format per row: ``response_format`` is one format (a dict or None) or a list of
+    them, one per row."""
+    if isinstance(response_format, (list, tuple)):
+        if len(response_format) != B:
+            raise GrammarError(f"response_format has {len(response_format)} rows for {B} "
+                               "prompts")
+        return list(response_format)
+    return [response_format] * B
+
+
+def padded_state(automata, vocab_size: int) -> device.GrammarState | None:
+    """:func:`device.initial_state` with the table rounded up to power-of-two states and
+    classes (at least 64 and 128): the padding rows are dead, the padding classes unused."""
+    if all(a is None for a in automata):
+        return None
+    table, classes, initial = device.stack(automata, vocab_size)
+    S, C = table.shape
+    Sp, Cp = _bucket(S, 64), _bucket(C, 128)
+    dead = Sp - 1
+    out = np.full((Sp, Cp), dead, np.int32)
+    out[:S, :C] = np.where(table == S - 1, dead, table)
+    import jax.numpy as jnp
+    return device.GrammarState(jnp.asarray(out), jnp.asarray(classes), jnp.asarray(initial))
+
+
+def plan_grammar(target, response_format, stops: np.ndarray, B: int, Bc: int, *, mesh=None,
+                 forced_accept: float = 0.0) -> device.GrammarState | None:
+    """The device grammars of a batch of ``B`` real rows padded to ``Bc`` (``stops [B, W]``:
+    each row's stop ids, -1 padded; they are what an accepting state allows), or None."""
+    formats = row_formats(response_format, B)
+    if all(f is None for f in formats):
+        return None
+    if mesh is not None:
+        raise GrammarError("response_format is not supported on a mesh yet; run constrained "
+                           "requests on one device")
+    if forced_accept:
+        raise GrammarError("forced_accept (a benchmark mode whose output is not the target's) "
+                           "cannot be combined with response_format")
+    V = target.config.vocab_size
+    automata = []
+    for r, f in enumerate(formats):
+        ends = [int(t) for t in stops[r] if t >= 0]
+        if f is not None and not ends:
+            raise GrammarError(f"row {r} has a response_format but no stop ids: a constrained "
+                               "row ends on a stop id once its grammar is complete")
+        automata.append(compile_format(f, target.tokenizer, V, ends))
+    return padded_state(automata + [None] * (Bc - B), V)

@@ -1,0 +1,132 @@
+"""Structured output in the compiled loops (stories260K, a real model with a llama2.c
+tokenizer): every output matches its grammar; greedy constrained speculative decoding equals
+greedy constrained plain decoding token for token, for every drafter kind, chain and tree,
+batch 1 and a ragged batch with unconstrained rows beside constrained ones (which decode as
+if alone); an oracle drafter that knows the constrained answer is accepted all the way (the
+grammar state follows accepted paths, bonus tokens included)."""
+
+import itertools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jspec
+from jspec.drafters import Drafter, ngram_drafter, random_drafter
+from jspec.drafters.oracle import Oracle
+from jspec.grammar import GrammarError
+from jspec.spec_config import SpecConfig
+
+EOS = 2
+REGEX = r"Once upon a time, there was a (cat|dog|bird|little girl)\. (She|He|It) (liked|loved|saw) [a-z]+( [a-z]+){0,3}\."
+CHOICE = ["happy", "sad", "sleepy"]
+FORMATS = {"regex": {"type": "regex", "regex": REGEX},
+           "choice": {"type": "choice", "choices": CHOICE},
+           "json": {"type": "json_schema", "json_schema": {"name": "pet", "schema": {
+               "type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+                                                "kind": {"enum": ["cat", "dog"]}},
+               "required": ["name", "kind"]}}}}
+PROMPTS = ["Once upon a time", "The cat was", "Lily and Tom went to the park.", "One day"]
+SPECS = {"chain": SpecConfig.chain(4), "tree": SpecConfig(4, 4, 12)}
+NEW = 48
+
+
+@pytest.fixture(scope="module")
+def target(stories_dir):
+    return jspec.load_target(stories_dir)
+
+
+def matches(fmt, text: str) -> bool:
+    if fmt["type"] == "regex":
+        return re.fullmatch(fmt["regex"], text) is not None
+    if fmt["type"] == "choice":
+        return text in fmt["choices"]
+    import json
+    import jsonschema
+    jsonschema.validate(json.loads(text), fmt["json_schema"]["schema"])
+    return True
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_outputs_match_their_grammar(target, name):
+    fmt = FORMATS[name]
+    for kw in ({}, {"temperature": 1.0, "seed": 3}):
+        res = jspec.generate(target, PROMPTS, max_new_tokens=NEW, stop_ids=[EOS],
+                             response_format=fmt, **kw)
+        for toks, text, st in zip(res.tokens, res.text, res.stats):
+            assert st["stop_reason"] == "stop_token" and toks[-1] == EOS, (text, st)
+            assert matches(fmt, text), text
+
+
+def drafter_for(kind, cfg):
+    if kind == "ngram":
+        return ngram_drafter(cfg)
+    kw = {"num_heads": 4} if kind == "medusa" else {"block_size": 5} if kind == "dflash" else {}
+    return random_drafter(kind, cfg, jax.random.key(3), **kw)
+
+
+def combos():
+    for kind, spec, size in itertools.product(
+            ["eagle1", "eagle3", "mtp", "medusa", "ngram", "dflash"], SPECS, [1, 4]):
+        fast = (kind, spec, size) in {("eagle3", "tree", 4), ("ngram", "chain", 1),
+                                      ("medusa", "tree", 1), ("dflash", "chain", 4)}
+        yield pytest.param(kind, spec, size, id=f"{kind}-{spec}-{size}",
+                           marks=() if fast else (pytest.mark.slow,))
+
+
+@pytest.mark.parametrize("kind,spec,size", list(combos()))
+def test_greedy_speculative_equals_constrained_plain(target, kind, spec, size):
+    prompts = PROMPTS[:size]
+    fmts = [FORMATS["regex"], None, FORMATS["json"], FORMATS["choice"]][:size]
+    limits = [NEW, 20, NEW, 9][:size]
+    plain = jspec.generate(target, prompts, max_new_tokens=limits, stop_ids=[EOS],
+                           response_format=fmts)
+    res = jspec.generate(target, prompts, max_new_tokens=limits, stop_ids=[EOS],
+                         response_format=fmts, drafter=drafter_for(kind, target.config),
+                         spec=SPECS[spec])
+    assert res.tokens == plain.tokens
+    if size > 1:     # the unconstrained row decodes as if alone
+        alone = jspec.generate(target, prompts[1:2], max_new_tokens=20, stop_ids=[EOS])
+        assert plain.tokens[1] == alone.tokens[0]
+
+
+@pytest.mark.parametrize("spec", list(SPECS))
+def test_oracle_of_the_constrained_answer_is_accepted_whole(target, spec):
+    """A drafter that knows the constrained greedy answer: every verify keeps its whole
+    path, so the states of accepted nodes and bonus tokens are exercised, not just rejections."""
+    fmts = [FORMATS["regex"], FORMATS["json"]]
+    prompts = PROMPTS[:2]
+    want = jspec.generate(target, prompts, max_new_tokens=NEW, stop_ids=[EOS],
+                          response_format=fmts)
+    fut = np.zeros((2, 256), np.int32)
+    for r, p in enumerate(prompts):
+        ids = target.tokenizer.encode(p) + want.tokens[r] + [EOS] * 8
+        fut[r, :len(ids)] = ids
+    oracle = Drafter(Oracle(target.config.vocab_size), {"future": jnp.asarray(fut)})
+    res = jspec.generate(target, prompts, max_new_tokens=NEW, stop_ids=[EOS],
+                         response_format=fmts, drafter=oracle, spec=SPECS[spec])
+    assert res.tokens == want.tokens
+    S = SPECS[spec].num_steps
+    for st in res.stats:
+        assert st["mean_accept_len"] > S, st["accept_hist"]
+
+
+def test_unconstrained_output_would_not_match(target):
+    """The tests above are not vacuous: unconstrained, the model writes something else."""
+    res = jspec.generate(target, PROMPTS[:1], max_new_tokens=NEW, stop_ids=[EOS])
+    assert not re.fullmatch(REGEX, res.text[0])
+
+
+def test_bad_requests_fail_before_compiling(target):
+    with pytest.raises(GrammarError, match="no stop ids"):
+        jspec.generate(target, PROMPTS[:1], stop_ids=[], response_format=FORMATS["choice"])
+    with pytest.raises(GrammarError, match="2 rows for 1"):
+        jspec.generate(target, PROMPTS[:1], response_format=[FORMATS["choice"]] * 2)
+    with pytest.raises(GrammarError, match="forced_accept"):
+        jspec.generate(target, PROMPTS[:1], response_format=FORMATS["choice"],
+                       drafter=ngram_drafter(target.config), forced_accept=2.0)
+    with pytest.raises(ValueError, match="profile"):
+        jspec.generate(target, PROMPTS[:1], response_format=FORMATS["choice"],
+                       drafter=ngram_drafter(target.config), profile=True)
