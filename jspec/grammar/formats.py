@@ -5,7 +5,8 @@ expression a token automaton is built from, checked before anything compiles.
 - ``{"type": "json_object"}``: any JSON object (outlines-core's regex for ``{"type":
   "object"}``, nesting bounded as it bounds it);
 - ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}``: outlines-core's
-  ``build_regex_from_schema`` (no recursion: a regular grammar);
+  ``build_regex_from_schema`` with numeric bounds enforced (:mod:`jspec.grammar.schema`; no
+  recursion: a regular grammar);
 - ``{"type": "regex", "regex": "..."}``;
 - ``{"type": "choice", "choices": ["a", "b"]}``: exactly one of the strings;
 - ``{"type": "grammar", "grammar": "..."}``: a context-free grammar (Lark/EBNF), which no
@@ -14,11 +15,11 @@ expression a token automaton is built from, checked before anything compiles.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from jspec.grammar.automaton import GrammarError
+from jspec.grammar.schema import schema_regex
 
 TYPES = ("text", "json_object", "json_schema", "regex", "choice", "grammar")
 
@@ -28,14 +29,6 @@ def _need(fmt: dict, key: str, kind, what: str):
     if not isinstance(v, kind) or (isinstance(v, (str, list, dict)) and not v):
         raise GrammarError(f"response_format of type {fmt['type']!r} needs {what}")
     return v
-
-
-def _schema_regex(schema) -> str:
-    from outlines_core.json_schema import build_regex_from_schema
-    try:
-        return build_regex_from_schema(json.dumps(schema))
-    except (ValueError, TypeError) as e:
-        raise GrammarError(f"unsupported JSON schema: {e}") from None
 
 
 def to_regex(fmt: Any) -> str | None:
@@ -49,13 +42,13 @@ def to_regex(fmt: Any) -> str | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return _schema_regex({"type": "object"})
+        return schema_regex({"type": "object"})
     if kind == "json_schema":
         spec = _need(fmt, "json_schema", dict, 'a "json_schema" object')
         schema = spec.get("schema")
         if not isinstance(schema, dict):
             raise GrammarError('response_format json_schema needs a "schema" object')
-        return _schema_regex(schema)
+        return schema_regex(schema)
     if kind == "regex":
         rx = _need(fmt, "regex", str, 'a non-empty "regex" string')
         try:
