@@ -218,10 +218,9 @@ class SpecDecoder:
 
     def force_accept(self, tree, logits, keys):
         """Benchmark mode: accept a forced number of nodes per iteration (mean
-        ``forced_accept``), whatever the drafts are. Nodes 0..n-1 are taken as if they were a
-        path (a random drafter's tree is often shallower than the forced length), so the
-        work per iteration (commit, extend, emission) is that of a real accept of length n.
-        The output is *not* the target's: this measures plumbing, not drafter quality."""
+        ``forced_accept``), whatever the drafts are. Nodes 0..n-1 are taken as a path (a random
+        drafter's tree is often shallower), so the work per iteration (commit, extend, emission)
+        is a real accept of length n's. The output is *not* the target's (plumbing, not quality)."""
         S, N = self.shape
         B = tree.tokens.shape[0]
         base = int(self.forced_accept)
@@ -266,8 +265,13 @@ class SpecDecoder:
         return emit_block(s, toks, n, stop_ids, max_new, next_slots=N, finite=finite, lp=lp)
 
     def draft_phase(self, params, dparams, s: SpecState):
-        return self.drafter.propose(dparams, (self.config, params), s.draft, s.root, self.spec,
-                                    kernels=self.kernels)
+        """The drafter's tree; under a grammar, of allowed tokens (a ``masks_drafts`` drafter),
+        with the stretches the grammar forces filled in (:func:`grammar.force_tree`)."""
+        kw = {"grammar": s.grammar} if s.grammar is not None and getattr(
+            self.drafter, "masks_drafts", False) else {}
+        tree = self.drafter.propose(dparams, (self.config, params), s.draft, s.root, self.spec,
+                                    kernels=self.kernels, **kw)
+        return grammar.force_tree(s.grammar, tree, self.shape[0])
 
     def finish_phase(self, params, dparams, s: SpecState, tree, logits, feats, cache, stop_ids,
                      max_new, node_states=None) -> SpecState:

@@ -35,6 +35,7 @@ committed length); the tree loop writes step s (depth s) into transient slots
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +45,7 @@ from jspec import kv_cache as kvc
 from jspec.config import LlamaConfig
 from jspec.drafters.hf_layout import draft_layer_config
 from jspec.drafters.protocol import DraftModuleDefaults
+from jspec.grammar import device as gdev
 from jspec.llama import out_major_params
 from jspec.serving_layout import is_packed
 from jspec.shapes import Float
@@ -205,37 +207,45 @@ class RecurrentDrafter(DraftModuleDefaults):
     def extend(self, params, target, state, feats, next_tokens, n, *, kernels: str = "reference"):
         return self._run_committed(params, target, state, feats, next_tokens, n, kernels)
 
+    # propose takes grammar= (jspec.grammar.device.GrammarState): drafts only allowed tokens.
+    masks_drafts = True
+
     def propose(self, params, target, state: RecurrentState, root: jax.Array,
-                spec: SpecConfig, *, kernels: str = "reference") -> DraftTree:
+                spec: SpecConfig, *, kernels: str = "reference", grammar=None) -> DraftTree:
         """The EAGLE-2 loop (:meth:`draft_pool`), then the global selection."""
-        pool = self.draft_pool(params, target, state, spec, kernels=kernels)
+        pool = self.draft_pool(params, target, state, spec, kernels=kernels, grammar=grammar)
         tree, _ = select_pool(root, pool, spec.num_draft_tokens, spec.num_steps)
         return tree
 
     def draft_pool(self, params, target, state: RecurrentState, spec: SpecConfig, *,
-                   kernels: str = "reference") -> CandidatePool:
+                   kernels: str = "reference", grammar=None) -> CandidatePool:
         """S-1 recurrent steps of K frontier paths -> the EAGLE-2 candidate pool, scored
-        under ``spec.selection`` (:func:`jspec.tree.calibration.node_scores`)."""
+        under ``spec.selection`` (:func:`jspec.tree.calibration.node_scores`). ``grammar``:
+        each path's logits masked by its own grammar state (the root's is the row's)."""
         cfg, tparams = target
         S, K = spec.num_steps, spec.topk
         B = state.logits.shape[0]
         W = max((S - 1) * K, 1)                                  # transient window
-        logq0, tok0 = top_k_logprobs(state.logits, K)
+        ids = self.to_target_ids(params, jnp.arange(state.logits.shape[-1]))
+        mask = functools.partial(gdev.draft_logits, grammar, draft_to_target=ids)
+        g0 = None if grammar is None else grammar.state
+        logq0, tok0 = top_k_logprobs(mask(g0, state.logits), K)
         score0 = node_scores(spec.selection, logq0, 0, params, self.to_target_ids(params, tok0))
         base = state.cache.lengths - 1                           # root's draft position
 
         def step(carry, s):
-            f_scores, f_idx, f_logq, f_tok, f_feat, f_anc, (wk, wv) = carry
+            f_scores, f_idx, f_logq, f_tok, f_feat, f_anc, (wk, wv), f_g = carry
             # The pool is closed over (read only), not carried: only the window is.
             cache = kvc.WindowedCache(prefix=state.cache, k=wk, v=wv)
             slot = (s - 1) * K + jnp.arange(K)                   # this step's transient slots
             self_mask = jax.nn.one_hot(slot, W, dtype=bool)[None]
-            mask = f_anc | self_mask
+            amask = f_anc | self_mask
             pos = jnp.broadcast_to((base + s)[:, None], (B, K))
             out, logits, cache = self.net_apply(
                 params, cfg, tparams, self.to_target_ids(params, f_tok), f_feat, s, pos, cache,
-                mask, None, (s - 1) * K, kernels=kernels)
-            c_logq, c_tok = top_k_logprobs(logits, K)                       # [B, K, K]
+                amask, None, (s - 1) * K, kernels=kernels)
+            c_logq, c_tok = top_k_logprobs(mask(f_g, logits), K)          # [B, K, K]
+            c_g = gdev.child_states(grammar, f_g, self.to_target_ids(params, c_tok))
             c_scores = node_scores(spec.selection, c_logq, s, params,
                                    self.to_target_ids(params, c_tok), f_idx % K, f_logq)
             scores, keep = expand_frontier(f_scores, c_scores)
@@ -246,8 +256,9 @@ class RecurrentDrafter(DraftModuleDefaults):
                 jnp.take_along_axis(c_logq.reshape(B, K * K), keep, 1),
                 jnp.take_along_axis(c_tok.reshape(B, K * K), keep, 1),
                 jnp.take_along_axis(out, parent_slot[..., None], 1),
-                jnp.take_along_axis(mask, parent_slot[..., None], 1),
-                (cache.k, cache.v))
+                jnp.take_along_axis(amask, parent_slot[..., None], 1),
+                (cache.k, cache.v),
+                None if c_g is None else jnp.take_along_axis(c_g.reshape(B, K * K), keep, 1))
             return new, (c_tok.reshape(B, K * K), scores, c_logq.reshape(B, K * K),
                          pool_parent_index(f_idx, K))
 
@@ -255,7 +266,8 @@ class RecurrentDrafter(DraftModuleDefaults):
         empty = kvc.WindowedCache.empty(state.cache, W)
         window = (empty.k, empty.v)
         init = (score0, jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32), (B, K)), logq0, tok0,
-                f_feat, jnp.zeros((B, K, W), bool), window)
+                f_feat, jnp.zeros((B, K, W), bool), window,
+                gdev.child_states(grammar, g0, self.to_target_ids(params, tok0)))
         parts = [(tok0, score0, logq0, jnp.full((B, K), -1, jnp.int32))]
         if S > 1:
             _, steps = jax.lax.scan(step, init, jnp.arange(1, S))

@@ -28,8 +28,9 @@ def row_formats(response_format: Any, B: int) -> list:
 
 
 def padded_state(automata, vocab_size: int) -> device.GrammarState | None:
-    """:func:`device.initial_state` with the table rounded up to power-of-two states and
-    classes (at least 64 and 128): the padding rows are dead, the padding classes unused."""
+    """The device state of a batch's grammars (None when no row has one: then nothing
+    grammar-related is traced), the table rounded up to power-of-two states and classes (at
+    least 64 and 128): the padding rows are dead, the padding classes unused."""
     if all(a is None for a in automata):
         return None
     table, classes, initial = device.stack(automata, vocab_size)
@@ -39,7 +40,9 @@ def padded_state(automata, vocab_size: int) -> device.GrammarState | None:
     out = np.full((Sp, Cp), dead, np.int32)
     out[:S, :C] = np.where(table == S - 1, dead, table)
     import jax.numpy as jnp
-    return device.GrammarState(jnp.asarray(out), jnp.asarray(classes), jnp.asarray(initial))
+    return device.GrammarState(jnp.asarray(out), jnp.asarray(classes),
+                               jnp.asarray(device.forced_tokens(out, classes)),
+                               jnp.asarray(initial))
 
 
 def plan_grammar(target, response_format, stops: np.ndarray, B: int, Bc: int, *, mesh=None,

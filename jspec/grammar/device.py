@@ -25,11 +25,25 @@ from jspec.shapes import Bool, Int
 class GrammarState:
     next_state: Int["S C"]     # the stacked table; row S - 1 is dead
     token_class: Int["V"]
+    forced: Int["S"]           # the one token a state allows, or -1 (none, or several)
     state: Int["B"]            # each row's state after every token it has emitted
 
     @property
     def dead(self):
         return self.next_state.shape[0] - 1
+
+
+def forced_tokens(table: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """``[S]``: the single token each state allows, or -1 (a stretch the grammar forces:
+    drafted for free, see :func:`force_tree`)."""
+    dead = table.shape[0] - 1
+    sizes = np.bincount(classes, minlength=table.shape[1])
+    ok = table != dead
+    count = (ok * sizes[None]).sum(1)
+    rep = np.zeros(table.shape[1], np.int64)
+    rep[classes[::-1]] = np.arange(len(classes))[::-1]
+    only = rep[np.argmax(ok, 1)]
+    return np.where(count == 1, only, -1).astype(np.int32)
 
 
 def stack(automata: Sequence[TokenAutomaton | None], vocab_size: int):
@@ -61,15 +75,6 @@ def stack(automata: Sequence[TokenAutomaton | None], vocab_size: int):
     initial = np.asarray([0 if a is None else offsets[id(a)] + a.initial for a in automata],
                          np.int32)
     return table, classes.astype(np.int32), initial
-
-
-def initial_state(automata: Sequence[TokenAutomaton | None], vocab_size: int) -> GrammarState | None:
-    """The device state of a batch's grammars, or None when no row has one (then nothing
-    grammar-related is traced)."""
-    if all(a is None for a in automata):
-        return None
-    table, classes, initial = stack(automata, vocab_size)
-    return GrammarState(jnp.asarray(table), jnp.asarray(classes), jnp.asarray(initial))
 
 
 def allowed(g: GrammarState, states: jax.Array) -> Bool["..."]:
@@ -137,3 +142,37 @@ def after_accept(g: GrammarState | None, states, idx, n, bonus, live) -> Grammar
     at = jnp.take_along_axis(states, jnp.maximum(idx, 0), 1)
     last = jnp.take_along_axis(at, jnp.maximum(n - 1, 0)[:, None], 1)[:, 0]
     return g.replace(state=jnp.where(live & (n > 0), step(g, last, bonus), g.state))
+
+
+def force_tree(g: GrammarState | None, tree, max_depth: int):
+    """``tree`` with every node whose parent's state allows one token only set to that token:
+    the grammar drafts forced stretches (JSON keys, punctuation) for free, and the target,
+    whose masked distribution there is that token with probability 1, accepts them."""
+    if g is None:
+        return tree
+    s = jnp.broadcast_to(g.state[:, None], tree.tokens.shape)
+    toks = tree.tokens
+    parent = jnp.maximum(tree.parents, 0)
+    for d in range(1, max_depth + 1):
+        up = jnp.take_along_axis(s, parent, 1)
+        at = tree.depths == d
+        f = g.forced[up]
+        toks = jnp.where(at & (f >= 0), f, toks)
+        s = jnp.where(at, step(g, up, toks), s)
+    return tree.replace(tokens=toks)
+
+
+def draft_logits(g: GrammarState | None, states, logits, draft_to_target=None):
+    """A drafter's ``logits [..., Vd]`` masked by ``states [...]`` (its draft vocabulary's
+    ids map to the target's through ``draft_to_target [Vd]``; None: the same vocabulary)."""
+    if g is None:
+        return logits
+    ok = allowed(g, states)
+    if draft_to_target is not None:
+        ok = jnp.take(ok, draft_to_target, axis=-1)
+    return jnp.where(ok, logits, jnp.asarray(FORBIDDEN, logits.dtype))
+
+
+def child_states(g: GrammarState | None, states, tokens):
+    """``states [...]`` stepped by ``tokens [..., K]`` (target ids); None without a grammar."""
+    return None if g is None else step(g, states[..., None], tokens)
