@@ -67,10 +67,24 @@ class TokenAutomaton:
         return bool(self.final[s])
 
 
-def _refine(classes: np.ndarray, column: np.ndarray) -> np.ndarray:
-    """Split the token classes by one more column (each token's next state from one state)."""
-    key = classes.astype(np.int64) * (int(column.max()) + 2) + (column + 1)
-    return np.unique(key, return_inverse=True)[1].astype(np.int32)
+def _classes(columns, V: int) -> np.ndarray:
+    """``[V]`` class ids: tokens with equal columns (next state from every state) share one.
+    Each column is folded into a 64-bit hash per token, one vectorised pass per state;
+    :func:`from_index` then checks every column against the tables, and a collision (never
+    seen, but possible) falls back to exact refinement state by state."""
+    h = np.zeros(V, np.uint64)
+    for col in columns:
+        h = h * np.uint64(0x9E3779B97F4A7C15) + (col.astype(np.uint64) + np.uint64(1)) \
+            * np.uint64(0xC2B2AE3D27D4EB4F)
+    return np.unique(h, return_inverse=True)[1].astype(np.int32)
+
+
+def _refined(columns, V: int) -> np.ndarray:
+    classes = np.zeros(V, np.int64)
+    for col in columns:
+        key = classes * (int(col.max()) + 2) + (col + 1)
+        classes = np.unique(key, return_inverse=True)[1]
+    return classes.astype(np.int32)
 
 
 def from_index(index, vocab_size: int, stop_ids: Sequence[int], source: str = "",
@@ -86,32 +100,43 @@ def from_index(index, vocab_size: int, stop_ids: Sequence[int], source: str = ""
     if len(order) >= max_states:
         raise GrammarError(f"the grammar compiles to {len(order)} states (at most {max_states}); "
                            "bound it more loosely or use a context-free grammar")
-    sid = {s: i for i, s in enumerate(order)}
     S, V = len(order), vocab_size
-
-    def column(row) -> np.ndarray:      # [V]: the next state by token from one state
-        toks = np.fromiter(row.keys(), np.int64, len(row))
-        nxt = np.fromiter((sid[n] for n in row.values()), np.int32, len(row))
-        col = np.full(V, S, np.int32)
-        keep = toks < V                 # outlines' EOS (id V) is the stop class, below
-        col[toks[keep]] = nxt[keep]
-        return col
-
-    classes = np.zeros(V, np.int32)
+    raw = np.asarray(order, np.int64)
+    by_raw = np.argsort(raw)
+    dense = lambda ids: by_raw[np.searchsorted(raw[by_raw], ids)].astype(np.int32)
+    sid = dict(zip(order, range(S)))
+    columns = []                         # [V] per state: the next state by token
     for row in transitions.values():
-        classes = _refine(classes, column(row))
+        toks = np.fromiter(row.keys(), np.int64, len(row))
+        nxt = dense(np.fromiter(row.values(), np.int64, len(row)))
+        keep = toks < V                  # outlines' EOS (id V) is the stop class, below
+        col = np.full(V, S, np.int32)
+        col[toks[keep]] = nxt[keep]
+        columns.append(col)
     final = np.zeros(S + 1, bool)
     final[[sid[f] for f in finals]] = True
     stops = np.asarray([t for t in stop_ids if 0 <= t < V], np.int64)
-    if stops.size:                      # text tokens never share a class with the stops
-        classes[stops] = classes.max() + 1
-        classes = np.unique(classes, return_inverse=True)[1].astype(np.int32)
-    C = int(classes.max()) + 1
-    first = np.zeros(C, np.int64)
-    first[classes[::-1]] = np.arange(V)[::-1]        # a representative token per class
-    table = np.full((S + 1, C), S, np.int32)
-    for s, row in transitions.items():
-        table[sid[s]] = column(row)[first]
+    if stops.size:                       # text tokens never share a class with the stops
+        columns.append(np.isin(np.arange(V), stops).astype(np.int32))
+    classes = _classes(columns, V)
+    table = _table(columns, classes, [sid[st] for st in transitions], S)
+    if table is None:                    # a hash collision: refine exactly
+        classes = _refined(columns, V)
+        table = _table(columns, classes, [sid[st] for st in transitions], S)
     if stops.size:
         table[:S, classes[stops[0]]] = np.where(final[:S], np.arange(S), S)
     return TokenAutomaton(table, classes, final, 0, source)
+
+
+def _table(columns, classes: np.ndarray, states, S: int) -> np.ndarray | None:
+    """``next_state [S + 1, C]`` from one representative token per class, or None when a
+    column disagrees with it (two different columns hashed alike)."""
+    C = int(classes.max()) + 1
+    first = np.zeros(C, np.int64)
+    first[classes[::-1]] = np.arange(len(classes))[::-1]      # a representative per class
+    table = np.full((S + 1, C), S, np.int32)
+    for st, col in zip(states, columns):
+        table[st] = col[first]
+        if not np.array_equal(table[st][classes], col):
+            return None
+    return table

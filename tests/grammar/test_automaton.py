@@ -107,3 +107,14 @@ def test_a_repeated_format_compiles_once(smollm2_tok):
     assert CACHE_STATS["builds"] == builds
     assert compile_format(fmt, smollm2_tok, 49152, [0]) is not a     # other stop ids
     assert re.fullmatch(a.source, "green")
+
+
+def test_a_hash_collision_falls_back_to_exact_classes(smollm2_tok, monkeypatch):
+    from jspec.grammar import automaton
+    regex = r"(yes|no), [0-9]{2}"
+    want = compile_regex(regex, smollm2_tok, 49152, [2])
+    monkeypatch.setattr(automaton, "_classes", lambda cols, V: np.zeros(V, np.int32))
+    got = compile_regex(regex, smollm2_tok, 49152, [2])
+    assert got.num_classes == want.num_classes
+    for s in range(want.num_states - 1):
+        assert np.array_equal(got.allowed(s), want.allowed(s))
