@@ -56,7 +56,9 @@ def chat(target, conversations, *, max_new_tokens=256, drafter=None, spec=None,
     (greedy replies are the target's own tokens either way), ``temperature``, ``top_k``,
     ``top_p``, ``seed`` sample. ``stop_ids``: default the template's end-of-turn ids and the
     model's EOS. ``add_generation_prompt``: append the assistant's header (False continues
-    the last message as the template renders it). A target without a tokenizer or a chat
+    the last message as the template renders it). ``response_format``: structured output,
+    one for every conversation or one each (OpenAI's ``json_object`` / ``json_schema``, and
+    ``regex`` / ``choice``; see :func:`jspec.generate`). A target without a tokenizer or a chat
     template, and malformed messages, raise ``ValueError`` before anything compiles.
     """
     convs = conversations_of(conversations)
