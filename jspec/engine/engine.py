@@ -40,10 +40,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec import kv_cache as kvc
+from jspec.engine.grammars import SlotGrammars, automaton_for, insert_grammar
 from jspec.engine.live import Checked, LiveEngine
 from jspec.engine.logprob_host import EngineLogprobs, check_k, check_request as check_logprobs
 from jspec.engine.pages import PagePool
-from jspec.engine.requests import Completion, Delta, Request, prompt_ids
+from jspec.engine.requests import Completion, Delta, Request, prompt_ids, row_key
 from jspec.engine.buckets import bucket_of, buckets_for, prompt_buckets
 from jspec.engine.policy import Policy, mode_label, resolve_policy
 from jspec.engine.programs import PLAIN, Programs
@@ -88,13 +89,14 @@ class Engine(LiveEngine):
     every occupancy). ``sampling``: the requests' default settings (a request's own
     ``temperature``, ``top_k`` and ``top_p`` are runtime values of its slot); greedy without
     ``per_request=True`` compiles greedy decoding alone (the fastest), and a request asking to
-    sample is then refused. ``max_new_tokens``: the default and the
-    most any request may ask for. ``max_len``: KV slots per row (default: room for a prompt
+    sample is then refused. ``max_new_tokens``: the default and the most any request may ask
+    for. A request's ``response_format`` is served from one grammar table
+    (:mod:`jspec.engine.grammars`). ``max_len``: KV slots per row (default: room for a prompt
     of ``longest_prompt`` tokens, else of ``min(max_position_embeddings, 4096)``, plus
     ``max_new_tokens`` and the speculative overshoot; the reference attention on CPU reads a
     row's whole allocation, so size it to the work); ``num_pages``: the page budget
-    (default: every slot can hold a ``max_len`` row; with fewer, requests wait for pages). ``chunk``: iterations per
-    decode call, between which rows are refilled and output is streamed. ``mesh``: a
+    (default: every slot can hold a ``max_len`` row; with fewer, requests wait for pages).
+    ``chunk``: iterations per decode call, between which rows are refilled and output streams. ``mesh``: a
     ``(1, model)`` mesh (:func:`jspec.sharding.make_mesh`) for tensor parallelism within a
     host, the target placed on it (``jspec.load_target(path, mesh=mesh)``); data parallelism
     is one engine per host (``python -m jspec run --distributed``). ``prefill_chunk``: an
@@ -158,6 +160,7 @@ class Engine(LiveEngine):
         self.syncs = 0                  # drafter catch-ups run (Programs.sync)
         self.lazy_inserts = 0           # inserts without the drafter's prefill (_lazy)
         self._behind: set[int] = set()  # slots whose drafter plain chunks left behind
+        self.grammars = SlotGrammars(target.config.vocab_size)    # response_format tables
         self._live_init()
 
     # ------------------------------------------------------------------ requests
@@ -169,6 +172,7 @@ class Engine(LiveEngine):
         req = dataclasses.replace(req, stop=check_stop(req.stop, req.id, self.target.tokenizer))
         check_prompt(ids, self.target.config.vocab_size, req.id)
         check_logprobs(req, self.logprobs_k)
+        automaton_for(self.target, req)         # a bad format fails here, before any compile
         n = self.max_new_tokens if req.max_new_tokens is None else int(req.max_new_tokens)
         if not 0 <= n <= self.max_new_tokens:
             raise ValueError(f"request {req.id}: max_new_tokens={n} outside [0, "
@@ -189,11 +193,6 @@ class Engine(LiveEngine):
     def score(self, ids, k: int = 0) -> list:
         """Prompt logprobs (echo): :meth:`jspec.engine.logprob_host.EngineLogprobs.score`."""
         return self._lp.score(ids, k)
-
-    def _key(self, req: Request) -> jax.Array:
-        if req.key is not None:
-            return jnp.reshape(req.key, (1,))
-        return jax.random.split(jax.random.key(0 if req.seed is None else req.seed), 1)
 
     # ------------------------------------------------------------------ running
     def _on_mesh(self):
@@ -227,13 +226,16 @@ class Engine(LiveEngine):
         stops = stop_table(self.target, live.req.stop_ids, 1, self.programs.stop_width)
         (self._behind.add if lazy else self._behind.discard)(slot)
         self.lazy_inserts += lazy
+        grammar, self.state = insert_grammar(self.grammars, slot,
+                                             automaton_for(self.target, live.req), self.state)
         with self._on_mesh():
             self.state = self.programs.insert(
                 self.target.serving_params, self._dparams, self.state, jnp.int32(slot),
                 jnp.asarray(prompt), jnp.asarray([len(ids)], jnp.int32), jnp.asarray(table),
                 jnp.asarray(stops), jnp.asarray([live.req.max_new_tokens], jnp.int32),
-                self._key(live.req),
-                self.sampling.row(live.req.temperature, live.req.top_k, live.req.top_p), lazy=lazy)
+                row_key(live.req),
+                self.sampling.row(live.req.temperature, live.req.top_k, live.req.top_p), lazy=lazy,
+                grammar=grammar)
 
     def warm(self, longest_prompt: int | None = None, buckets=None) -> None:
         """Compile every program now: insert for each prompt bucket up to ``longest_prompt``
@@ -339,7 +341,8 @@ class Engine(LiveEngine):
                 self._behind.difference_update(live)
                 self.syncs += 1
             self.state = self.programs.decode(self.target.serving_params, self._dparams,
-                                              self.state, jnp.asarray(rows), spec=mode)
+                                              self.state, jnp.asarray(rows), spec=mode,
+                                              grammar=self.grammars.tables)
 
     def _deltas(self, live: list[int], slots: list, now: float) -> Iterator[Delta]:
         """What the chunk added to each live slot; finished rows complete and free their slot."""

@@ -179,6 +179,7 @@ class LiveEngine:
         """Free ``slot`` and its pages; ``dirty``: its device row did not stop (a stop string
         or a cancel), so :meth:`_scrub` must blank it before the next chunk."""
         self.pages.give_back(slots[slot].pages)
+        self.grammars.release(slot)
         slots[slot] = None
         if dirty:
             self._dirty.add(slot)

@@ -39,6 +39,7 @@ from jspec.config import LlamaConfig
 from jspec.decode import (MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, PlainDecoder, emit_block,
                           finite_rows)
 from jspec.engine import rows as R
+from jspec.grammar import device as gdev
 from jspec.llama import forward, logits as lm_logits
 from jspec.sampling import SamplingConfig, sample
 from jspec.serving_layout import pack_params
@@ -60,6 +61,9 @@ class SlotState:
     # [B, sync_block]: a lazily inserted row's prompt (its drafter starts from nothing and
     # :meth:`Programs.sync` feeds it these tokens too); None when no drafter can be lazy.
     prompt: Any = None
+    # [B]: each slot's grammar state in the engine's grammar table (jspec.engine.grammars;
+    # 0: free), read by the programs that are given the table.
+    grammar_state: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +111,7 @@ class Programs:
         return self.drafter is not None and self.drafter.prefill_is_extend
 
     def _row(self, cache, dstate, first, keys, finite, stops, max_new, drafted=None,
-             prompt=None, first_lp=None, rows=None) -> SlotState:
+             prompt=None, first_lp=None, rows=None, gstate=None) -> SlotState:
         b = first.shape[0]
         width = self.max_new_tokens + self.max_depth + 1
         s = SpecState(cache=cache, draft=dstate, root=first,
@@ -122,7 +126,8 @@ class Programs:
         s = emit_block(s, first[:, None], finite.astype(jnp.int32), stops, max_new,
                        next_slots=self.max_nodes, finite=finite, lp=first_lp)
         return SlotState(core=s, stop_ids=stops, max_new=max_new,
-                         drafted=cache.lengths if drafted is None else drafted, prompt=prompt)
+                         drafted=cache.lengths if drafted is None else drafted, prompt=prompt,
+                         grammar_state=jnp.zeros((b,), jnp.int32) if gstate is None else gstate)
 
     # ---------------------------------------------------------------- programs
     @functools.partial(jax.jit, static_argnames=("self",))
@@ -145,7 +150,7 @@ class Programs:
 
     @functools.partial(jax.jit, static_argnames=("self", "lazy"), donate_argnames=("state",))
     def insert(self, params, dparams, state: SlotState, slot, prompt, prompt_len, table, stops,
-               max_new, key, sampling=None, lazy: bool = False) -> SlotState:
+               max_new, key, sampling=None, lazy: bool = False, grammar=None) -> SlotState:
         """Prefill ``prompt [1, T]`` into the pages of ``table [1, max_pages]`` and make it
         slot ``slot``'s row; ``key [1]``: the request's row key; ``sampling``: its settings
         (a :class:`jspec.sampling.RowSampling` of ``[1]`` runtime values; None: the config's).
@@ -156,7 +161,8 @@ class Programs:
         is prefilled and the row's drafter starts from nothing (``drafted`` 0), to be caught
         up by :meth:`sync` from position 0 if the row ever speculates. The engine inserts so
         when its occupancy decodes plain: most such rows finish plain, and a short prompt
-        costs the catch-up one block at most."""
+        costs the catch-up one block at most. ``grammar``: the engine's grammar table with
+        ``state [1]`` the row's initial state (None: no grammar is traced)."""
         TRACE_COUNTS["engine_insert"] += 1
         c = self.config
         # No settings are kept (nor traced) when nothing may sample.
@@ -184,6 +190,7 @@ class Programs:
             dec = PlainDecoder(c, self.sampling, self.max_new_tokens, self.page_size,
                                self.num_pages, prefill_chunk=self.prefill_chunk)
             logits, cache = dec.prefill(params, prompt, prompt_len, cache)
+            logits = gdev.mask_logits(grammar, None if grammar is None else grammar.state, logits)
             first = sample(logits, jax.vmap(jax.random.fold_in)(key, jnp.zeros((1,), jnp.int32)),
                            self.sampling, rows)
             finite = finite_rows(logits)
@@ -192,22 +199,27 @@ class Programs:
         else:
             dec = self.spec_decoder(None)
             cache, dstate, first, key, finite, first_lp = dec.prefill_into(
-                params, dparams, cache, dstate, prompt, prompt_len, key, rows)
+                params, dparams, cache, dstate, prompt, prompt_len, key, rows, grammar)
+        g = gdev.advance(grammar, first, finite)
         row = self._row(cache, dstate, first, key, finite, stops, max_new, drafted, kept,
-                        first_lp, rows)
+                        first_lp, rows, None if g is None else g.state)
         return self.pinned(R.put(state, row, slot[None], self.slots))
 
     @functools.partial(jax.jit, static_argnames=("self", "spec"), donate_argnames=("state",))
-    def decode(self, params, dparams, state: SlotState, rows, spec: SpecConfig | str | None = PLAIN
-               ) -> SlotState:
+    def decode(self, params, dparams, state: SlotState, rows, spec: SpecConfig | str | None = PLAIN,
+               grammar=None) -> SlotState:
         """Up to ``chunk`` iterations (fewer when every row in ``rows`` is done) for slots
         ``rows [b]`` (distinct; free slots may pad the bucket: they are done and write
         nothing). ``spec``: a SpecConfig, None (the drafter's default tree) or :data:`PLAIN`,
         plain decoding (a drafter's state then lags: :meth:`sync` it before speculating;
-        unsynced, speculation stays exact but its drafts are poor)."""
+        unsynced, speculation stays exact but its drafts are poor). ``grammar``: the engine's
+        grammar table (its ``state`` replaced by the rows'); None: no grammar is traced."""
         TRACE_COUNTS["engine_decode"] += 1
         params = pack_params(self.config, params)
         sub = R.take(state, rows, self.slots)
+        if grammar is not None:
+            sub = sub.replace(core=sub.core.replace(grammar=grammar.replace(
+                state=sub.grammar_state)))
         if spec == PLAIN:
             core = self.plain_chunk(params, sub)
             drafted = sub.drafted
@@ -219,6 +231,9 @@ class Programs:
         # A finished row gives its pages back after this call (the host frees them), so it
         # must write nothing more while it rides along in later chunks.
         core = R.release(core, core.done)
+        if grammar is not None:
+            sub = sub.replace(grammar_state=core.grammar.state)
+            core = core.replace(grammar=None)
         return self.pinned(R.put(state, sub.replace(core=core, drafted=drafted), rows,
                                  self.slots))
 
@@ -299,12 +314,15 @@ class Programs:
                                    s.cache, valid=live[:, None],
                                    attention_fn=kernel_modes.attention_fn(self.kernels))
         logits = lm_logits(c, params, hidden[:, 0])
+        finite = finite_rows(logits)
+        g = s.grammar
+        logits = gdev.mask_logits(g, None if g is None else g.state, logits)
         tok = sample(logits, jax.vmap(jax.random.fold_in)(s.row_keys, s.num_generated),
                      self.sampling, s.sampling)
-        finite = finite_rows(logits)
         n = live.astype(jnp.int32)
         hist = s.accept_hist.at[jnp.arange(tok.shape[0]), n].add(n)
         s = s.replace(cache=kvc.advance(cache, n), root=jnp.where(live, tok, s.root),
+                      grammar=gdev.advance(g, tok, live),
                       iterations=s.iterations + n, accept_hist=hist,
                       accept_by_pos=position_stats.record(s.accept_by_pos, s.cache.lengths, n,
                                                           live))

@@ -42,6 +42,9 @@ class Request:
     # None: none. ``prompt_logprobs`` (OpenAI's echo): the prompt's too, the first None.
     logprobs: int | None = None
     prompt_logprobs: bool = False
+    # Structured output (jspec.grammar): OpenAI's {"type": "json_object"} / {"type":
+    # "json_schema", ...}, or {"type": "regex" | "choice", ...}; None: unconstrained.
+    response_format: dict | None = None
 
 
 def prompt_ids(req: Request, target) -> tuple[Request, list[int]]:
@@ -61,6 +64,13 @@ def prompt_ids(req: Request, target) -> tuple[Request, list[int]]:
                              f"tokenizer; pass token ids instead")
         return req, target.tokenizer.encode(p)
     return req, [int(t) for t in p]
+
+
+def row_key(req: Request) -> jax.Array:
+    """``[1]``: the request's row key (its ``key``, else from its ``seed``, default 0)."""
+    if req.key is not None:
+        return jax.numpy.reshape(req.key, (1,))
+    return jax.random.split(jax.random.key(0 if req.seed is None else req.seed), 1)
 
 
 @dataclasses.dataclass

@@ -147,3 +147,23 @@ def test_drafts_follow_the_grammar(target):
     assert masked.tokens == unmasked.tokens
     accept = lambda r: np.mean([s["mean_accept_len"] for s in r.stats])
     assert accept(masked) > 2.0 > 1.2 > accept(unmasked), (accept(masked), accept(unmasked))
+
+
+@pytest.mark.parametrize("kind", [None, "eagle3"])
+def test_engine_serves_each_request_its_own_grammar(target, kind):
+    """Requests with different grammars (and none) through 2 slots, refilled as rows finish:
+    each equals generate alone with its format, and the table grows without touching live
+    rows' states."""
+    from jspec.engine import Engine, Request
+    fmts = [FORMATS["regex"], None, FORMATS["json"], FORMATS["choice"], FORMATS["json"]]
+    limits = [NEW, 20, NEW, 9, 30]
+    prompts = PROMPTS + PROMPTS[:1]
+    want = [jspec.generate(target, [p], max_new_tokens=n, stop_ids=[EOS], response_format=f
+                           ).tokens[0] for p, n, f in zip(prompts, limits, fmts)]
+    d = None if kind is None else drafter_for(kind, target.config)
+    eng = Engine(target, d, slots=2, max_new_tokens=NEW, spec=SPECS["tree"] if d else None)
+    done = eng.generate([Request(p, n, stop_ids=[EOS], response_format=f)
+                         for p, n, f in zip(prompts, limits, fmts)])
+    assert [c.tokens for c in done] == want
+    with pytest.raises(GrammarError):
+        eng.check(Request("x", 4, response_format={"type": "regex", "regex": "(a"}))

@@ -1,0 +1,101 @@
+"""The engine's grammars: every automaton its slots use, stacked in one device table that
+the compiled programs read (:mod:`jspec.grammar.device`), and each slot's state beside its
+row (``SlotState.grammar_state``; 0, the free state, for a slot without a grammar).
+
+An automaton joins the table when a request that needs it is inserted; the ones already in
+keep their state offsets, so the states of live slots stay valid, while the token classes are
+refined anew (a host rebuild, then one upload). The table's shape is rounded up to powers of
+two, so the programs recompile only when it outgrows its bucket. Once it would pass
+:data:`COMPACT_AT` states, the automata no live slot uses are dropped and the live slots'
+states renumbered.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.grammar import GrammarError, compile_format
+from jspec.grammar.constraint import padded_state
+
+COMPACT_AT = 4096
+
+
+class SlotGrammars:
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.automata: list = []          # in offset order
+        self.tables = None                # a GrammarState (its ``state`` unused), or None
+        self.of_slot: dict[int, object] = {}
+
+    def _offsets(self) -> dict[int, int]:
+        out, total = {}, 1
+        for a in self.automata:
+            out[id(a)] = total
+            total += a.num_states - 1
+        return out
+
+    def _rebuild(self) -> None:
+        self.tables = padded_state(self.automata, self.vocab_size)
+
+    def initial(self, slot: int, automaton) -> tuple[int, dict | None]:
+        """``(the slot's initial state, a renumbering {old: new} of live states or None)``
+        for a request with ``automaton`` (None: unconstrained) inserted into ``slot``."""
+        self.of_slot.pop(slot, None)
+        if automaton is None:
+            return 0, None
+        renumber = None
+        if all(a is not automaton for a in self.automata):
+            total = 1 + sum(a.num_states - 1 for a in self.automata) + automaton.num_states
+            if total > COMPACT_AT:
+                renumber = self._compact()
+            self.automata.append(automaton)
+            self._rebuild()
+        self.of_slot[slot] = automaton
+        return self._offsets()[id(automaton)] + automaton.initial, renumber
+
+    def _compact(self) -> dict:
+        """Drop the automata no live slot uses; ``{old state: new state}`` for the kept ones'
+        states (and the free state)."""
+        old = self._offsets()
+        used = {id(a) for a in self.of_slot.values()}
+        self.automata = [a for a in self.automata if id(a) in used]
+        new = self._offsets()
+        mapping = {0: 0}
+        for a in self.automata:
+            for s in range(a.num_states - 1):
+                mapping[old[id(a)] + s] = new[id(a)] + s
+        return mapping
+
+    def release(self, slot: int) -> None:
+        self.of_slot.pop(slot, None)
+
+
+def renumbered(states: np.ndarray, mapping: dict, dead: int) -> np.ndarray:
+    """Live slots' states under a compaction's ``mapping`` (unknown: ``dead``)."""
+    return np.asarray([mapping.get(int(s), dead) for s in states], np.int32)
+
+
+def automaton_for(target, req):
+    """The compiled (cached) automaton of ``req.response_format``, or None; a bad format, or
+    one with no stop id to end on, raises :class:`jspec.grammar.GrammarError`."""
+    if req.response_format is None:
+        return None
+    stops = req.stop_ids if req.stop_ids is not None else target.config.eos_token_ids
+    if not stops:
+        raise GrammarError(f"request {req.id}: a response_format needs a stop id to end on")
+    return compile_format(req.response_format, target.tokenizer, target.config.vocab_size,
+                          list(stops))
+
+
+def insert_grammar(grammars: SlotGrammars, slot: int, automaton, state):
+    """``(the insert's grammar argument or None, the engine state)``: ``slot``'s automaton
+    registered, and the live slots' states renumbered if the table was compacted."""
+    init, mapping = grammars.initial(slot, automaton)
+    if grammars.tables is None:
+        return None, state
+    if mapping is not None:
+        dead = grammars.tables.next_state.shape[0] - 1
+        states = renumbered(np.asarray(state.grammar_state), mapping, dead)
+        state = state.replace(grammar_state=jnp.asarray(states))
+    return grammars.tables.replace(state=jnp.asarray([init], jnp.int32)), state
