@@ -5,7 +5,8 @@ Input: JSON lines, one request each: ``id``, ``prompt`` (text) or ``prompt_ids``
 chat template with the assistant's header appended; it stops at the template's end-of-turn
 token unless ``stop`` says otherwise), and optional ``max_new_tokens``, ``temperature``,
 ``top_k``, ``top_p``, ``seed`` and ``stop`` (a list of token ids, or of strings that are one
-token each; multi-token stop strings are refused). Missing fields take the command's flags.
+token each; multi-token stop strings are refused), and structured output: ``response_format``
+(``jspec.generate``'s), or ``regex`` / ``choices``. Missing fields take the command's flags.
 
 Output: JSON lines appended as requests finish, each written and flushed whole: ``id``,
 ``line`` (of the input, 1-based), ``text``, ``token_ids``, ``new_tokens``,
@@ -95,6 +96,7 @@ class Record:
     seed: int = 0
     stop: list | None = None
     error: str | None = None
+    response_format: dict | None = None
 
 
 def read_done(path: Path) -> tuple[set, set]:
@@ -170,9 +172,30 @@ def parse(text: str, line: int, target, args) -> Record:
             (args.seed * 1_000_003 + zlib.crc32(_key(rec.id).encode())) % 2 ** 31
         if "stop" in d:
             rec.stop = [_stop_id(s, target) for s in d["stop"]]
+        rec.response_format = _response_format(d, target, rec.stop)
     except (ValueError, TypeError) as e:
         rec.error = str(e)
     return rec
+
+
+def _response_format(d: dict, target, stop) -> dict | None:
+    """A record's structured output: ``response_format`` (jspec.generate's), or the short
+    forms ``regex`` (a string) and ``choices`` (a list of strings); checked and compiled
+    here (cached), so a bad grammar is that record's error."""
+    from jspec.grammar import compile_format
+    given = [k for k in ("response_format", "regex", "choices") if k in d]
+    if len(given) > 1:
+        raise ValueError(f"give one of {given}")
+    if not given:
+        return None
+    k = given[0]
+    fmt = d[k] if k == "response_format" else {"type": "regex", "regex": d[k]} \
+        if k == "regex" else {"type": "choice", "choices": d[k]}
+    stops = stop if stop is not None else list(target.config.eos_token_ids)
+    if fmt is not None and not stops:
+        raise ValueError("a response_format needs a stop id to end on")
+    compile_format(fmt, target.tokenizer, target.config.vocab_size, stops)
+    return fmt
 
 
 def _sampling(d: dict, args) -> tuple:
@@ -312,7 +335,8 @@ def _serve(target, drafter, spec, records, args, write, stop) -> int:
                      kernels=args.kernels, prefill_chunk=args.prefill_chunk)
         by_index = dict(enumerate(records))
         reqs = [Request(r.ids, r.max_new, seed=r.seed, stop_ids=r.stop, id=r.id,
-                        temperature=r.sampling[0], top_k=r.sampling[1], top_p=r.sampling[2])
+                        temperature=r.sampling[0], top_k=r.sampling[1], top_p=r.sampling[2],
+                        response_format=r.response_format)
                 for r in records]
         for d in eng.stream(reqs, order="longest"):
             if d.done:

@@ -10,6 +10,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import StreamingResponse
 
 from jspec import messages as chat_messages
+from jspec.grammar import GrammarError
 from jspec.serve import errors, responses as R
 from jspec.serve.context import Served
 from jspec.serve.errors import APIError
@@ -33,7 +34,13 @@ def _prepare(s: Served, body: ChatRequest):
         except ValueError as e:
             raise APIError(str(e), param="messages") from e
         src = {"prompt": ids, "stop_ids": chat_messages.stop_ids(s.engine.target)}
-    req = s.request(body, f"{cid}-0", max_new_tokens=body.limit, logprobs=k, **src)
+    req = s.request(body, f"{cid}-0", max_new_tokens=body.limit, logprobs=k,
+                    response_format=body.grammar(), **src)
+    if req.response_format is not None:      # a bad grammar is the request's fault: a 400
+        try:
+            s.engine.check(req)
+        except GrammarError as e:
+            raise APIError(str(e), param="response_format") from e
     return cid, k, req
 
 

@@ -127,9 +127,10 @@ class ChatRequest(SamplingFields):
         super().refuse_unsupported()
         if self.tools:
             raise APIError("tools are not supported", param="tools")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise APIError("response_format other than text is not supported",
-                           param="response_format")
+        kind = (self.response_format or {}).get("type", "text")
+        if kind not in ("text", "json_object", "json_schema", "regex", "choice"):
+            raise APIError(f"response_format type {kind!r} is not supported (text, json_object, "
+                           "json_schema; and jspec's regex, choice)", param="response_format")
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
 
@@ -138,6 +139,11 @@ class ChatRequest(SamplingFields):
         """``max_completion_tokens`` (the current name), else the older ``max_tokens``."""
         return self.max_completion_tokens if self.max_completion_tokens is not None \
             else self.max_tokens
+
+    def grammar(self) -> dict | None:
+        """The engine request's ``response_format`` (None for plain text)."""
+        fmt = self.response_format
+        return None if not fmt or fmt.get("type", "text") == "text" else fmt
 
     def k(self) -> int | None:
         """Logprobs to return per token: None (none), or the top-k alternatives wanted."""

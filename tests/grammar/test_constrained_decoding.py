@@ -167,3 +167,27 @@ def test_engine_serves_each_request_its_own_grammar(target, kind):
     assert [c.tokens for c in done] == want
     with pytest.raises(GrammarError):
         eng.check(Request("x", 4, response_format={"type": "regex", "regex": "(a"}))
+
+
+def test_runner_records_take_grammars(target, stories_dir, tmp_path):
+    """``python -m jspec run``: ``response_format``, ``regex`` and ``choices`` per record; a
+    bad grammar is that record's error, the others are served."""
+    import argparse
+    import json
+    from jspec.engine import runner
+    recs = [{"id": "rx", "prompt": PROMPTS[0], "regex": REGEX},
+            {"id": "ch", "prompt": PROMPTS[1], "choices": CHOICE},
+            {"id": "js", "prompt": PROMPTS[2], "response_format": FORMATS["json"]},
+            {"id": "free", "prompt": PROMPTS[3], "max_new_tokens": 8},
+            {"id": "bad", "prompt": PROMPTS[0], "regex": "(a"}]
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    p = argparse.ArgumentParser()
+    runner.add_args(p)
+    args = p.parse_args(["--model", str(stories_dir), "--input", str(src), "--output", str(dst),
+                         "--slots", "2", "--no-progress", "--max-new-tokens", str(NEW)])
+    assert runner.run(args, target=target) == 0
+    out = {r["id"]: r for r in map(json.loads, dst.read_text().splitlines())}
+    assert re.fullmatch(REGEX, out["rx"]["text"]) and out["ch"]["text"] in CHOICE
+    assert matches(FORMATS["json"], out["js"]["text"])
+    assert "bad regex" in out["bad"]["error"] and "text" in out["free"]

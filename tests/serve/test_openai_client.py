@@ -228,6 +228,9 @@ def test_bad_completion_requests_are_400(client, kw, match):
     (dict(top_logprobs=2), "top_logprobs"),
     (dict(logprobs=True, top_logprobs=9), "top_logprobs"),
     (dict(max_completion_tokens=CAP + 1), "max_completion_tokens"),
+    (dict(response_format={"type": "yaml"}), "response_format"),
+    (dict(response_format={"type": "json_schema", "json_schema": {
+        "name": "n", "schema": {"type": "integer", "multipleOf": 3}}}), "multipleOf"),
 ])
 def test_bad_chat_requests_are_400(client, kw, match):
     kw = {"model": MODEL, "messages": CHAT, "max_tokens": 4, **kw}
@@ -318,3 +321,22 @@ def test_tokenizer_info_serves_lm_eval(server):
     eos = http(server, "POST", "/tokenize",
                json={"prompt": info["eos_token"], "add_special_tokens": False}).json()
     assert eos["tokens"] == [1]                       # lm-eval finds the EOS id this way
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_response_format_json_schema_parses_and_validates(client, stream):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]},
+                                               "n": {"type": "integer", "minimum": 1,
+                                                     "maximum": 9}},
+              "required": ["answer", "n"]}
+    kw = dict(model=MODEL, messages=CHAT, max_tokens=48, response_format={
+        "type": "json_schema", "json_schema": {"name": "reply", "schema": schema}})
+    if stream:
+        text = "".join(c.choices[0].delta.content or "" for c in
+                       client.chat.completions.create(stream=True, **kw) if c.choices)
+    else:
+        r = client.chat.completions.create(**kw)
+        assert r.choices[0].finish_reason == "stop"
+        text = r.choices[0].message.content
+    jsonschema.validate(json.loads(text), schema)
