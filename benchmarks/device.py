@@ -77,12 +77,12 @@ from benchmarks.device_setup import Plan, device_info
 from jspec.bench.registry import Command, run_module
 
 RESULT_NAME = "device_bench.json"
-SECTIONS = ("copy", "plain_decode", "verify", "draft", "e2e", "kernels", "hf", "pytest")
+SECTIONS = ("copy", "plain_decode", "verify", "draft", "e2e", "kernels", "hf", "quant", "pytest")
 # Hard caps (seconds, process start included) on the H200 and in --smoke. Sum <= BUDGET.
 CAPS = {"copy": 20, "plain_decode": 55, "verify": 75, "draft": 60, "e2e": 110, "kernels": 40,
-        "hf": 55, "pytest": 35}
+        "hf": 55, "quant": 40, "pytest": 35}
 SMOKE_CAPS = {s: 120 for s in SECTIONS}
-BUDGET = 455          # seconds: no section starts after this; < 8 min with start-up margin
+BUDGET = 495          # seconds: no section starts after this; < 9 min with start-up margin
 SMOKE_BUDGET = 600
 KERNEL_TESTS = ["tests/kernels/test_kernel_tree_attention.py",
                 "tests/kernels/test_kernel_verify_walk.py", "tests/kernels/test_kernels_e2e.py"]
@@ -226,6 +226,10 @@ def _headline(name: str, r: dict) -> str:
             return f"{ok}/{len(r['rows'])} checks ok ({r['how']}); auto -> {r['auto']['mode']}"
         if name == "hf":
             return f"{r['tokens/s']:.1f} tok/s ({r['attn']})"
+        if name == "quant":
+            top = max(x["batch"] for x in r["rows"])
+            return ", ".join(f"{x['mode']} {f(x['vs bf16'])}x" for x in r["rows"]
+                             if x["batch"] == top) + f" of bf16 at b{top}"
         if name == "pytest":
             return ", ".join(f"{v} {k}" for k, v in sorted(r["counts"].items()))
     except (KeyError, TypeError, IndexError):
@@ -246,7 +250,8 @@ def render(payload: dict) -> str:
               "verify": ["N", "ms", "t_V/t_1", "compile s", "kernels"],
               "e2e": ["run", "E", "tokens/s", "ms/token", "speedup", "ideal", "accept len",
                       "first s"],
-              "kernels": ["check", "max abs err", "ok", "s"]}
+              "kernels": ["check", "max abs err", "ok", "s"],
+              "quant": ["mode", "batch", "ms/step", "tokens/s", "weights MB", "vs bf16"]}
     for n, cols in detail.items():
         r = secs.get(n, {})
         if r.get("status") == "ok" and r.get("rows"):

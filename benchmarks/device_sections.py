@@ -300,5 +300,31 @@ def sec_hf(plan: Plan, ctx: dict) -> dict:
             "what": "transformers greedy generate (prefill included), bf16, random weights"}
 
 
+def sec_quant(plan: Plan, ctx: dict) -> dict:
+    """Plain decode steps (a 1-node verify) of the target in bf16 and quantized (int8
+    weight-only, fp8, W8A8), every (mode, batch) timed round-robin."""
+    import jax
+
+    from jspec.quant import quantize_target
+    cfg, target = make_target(plan)
+    jobs, runners, nbytes = {}, {}, {}
+    for mode in ("bf16", "int8", "fp8", "w8a8"):
+        t = target if mode == "bf16" else quantize_target(target, mode)
+        nbytes[mode] = sum(x.nbytes for x in jax.tree.leaves(t.params))
+        vb = VerifyBench(plan, cfg, t)
+        for B in plan.batches:
+            jobs[mode, B] = vb.job(B, 1)
+            runners[mode, B] = vb
+    comp = compile_all({f"{m} b{B}": j for (m, B), j in jobs.items()})
+    timed = round_robin({k: runners[k].runner(comp[f"{k[0]} b{k[1]}"][0], jobs[k][1])
+                         for k in jobs}, plan.repeats, warmup=2)
+    rows = [{"mode": m, "batch": B, "ms/step": 1e3 * t.median, "tokens/s": B / t.median,
+             "weights MB": nbytes[m] / 1e6,
+             "vs bf16": timed["bf16", B].median / t.median} for (m, B), t in timed.items()]
+    return {"rows": rows, "config": plan.config,
+            "what": "SpecDecoder.verify on a 1-node tree per quantization mode (jspec.quant)"}
+
+
 WORKERS = {"copy": sec_copy, "plain_decode": sec_plain_decode, "verify": sec_verify,
-           "draft": sec_draft, "e2e": sec_e2e, "kernels": sec_kernels, "hf": sec_hf}
+           "draft": sec_draft, "e2e": sec_e2e, "kernels": sec_kernels, "hf": sec_hf,
+           "quant": sec_quant}
