@@ -39,6 +39,9 @@ def add_args(s) -> None:
     s.add_argument("--drafter", default=None, help="a trained EAGLE-3 head's directory (default: "
                    "a random head with its accept length forced to 3, which times the costs)")
     s.add_argument("--batches", default="1,8")
+    s.add_argument("--gguf", action="store_true",
+                   help="also: the GGUF's Q4_1 and a Q8_0 re-encoding kept quantized (load s, "
+                        "resident bytes, logits against fp32)")
     s.add_argument("--repeats", type=int, default=2)
 
 
@@ -116,6 +119,54 @@ def speed(targets, prompts, max_new, drafter, batches, repeats) -> dict:
     return out
 
 
+def q8_copy(src, dst) -> None:
+    """``src`` GGUF re-encoded with every Q4_1 tensor as Q8_0 (metadata and other tensors as
+    they are): SmolLM2 ships no Q8_0 file, and Q8_0 is the type jspec keeps exactly."""
+    import gguf
+    Q = gguf.GGMLQuantizationType
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, f.contents(), f.types[0], sub_type=sub)
+    for t in r.tensors:
+        if t.tensor_type == Q.Q4_1:
+            q = gguf.quants.quantize(gguf.quants.dequantize(t.data, t.tensor_type), Q.Q8_0)
+            w.add_tensor(t.name, q, raw_shape=q.shape, raw_dtype=Q.Q8_0)
+        else:
+            w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def gguf_rows(path, prompts, seqs) -> list[dict]:
+    """Each GGUF type kept quantized (``quantize="int8"``) against the same file dequantized
+    to fp32: load time, resident bytes, and the logits' max difference / mean KL."""
+    import tempfile
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        q8 = Path(d) / "q8_0.gguf"
+        q8_copy(path, q8)
+        for label, f in (("Q4_1 (shipped)", path), ("Q8_0 (re-encoded)", q8)):
+            ref, _, ref_bytes = _load(f, "fp32")
+            kept, load_s, nbytes = _load(f, "int8")
+            diff, kl, n = 0.0, 0.0, 0
+            for p, s in zip(prompts, seqs):
+                lr, lq = _dist(ref, s), _dist(kept, s)
+                diff = max(diff, float(np.abs(lr - lq).max()))
+                kl += float((np.exp(lr) * (lr - lq)).sum())
+                n += len(s)
+            rows.append({"GGUF": label, "kept as": "int8 per 32 (exact)" if "Q8" in label else
+                         "int8 per 32 (requantized)", "load s": load_s,
+                         "resident MB": nbytes / 1e6, "fp32 MB": ref_bytes / 1e6,
+                         "max |logp diff|": diff, "mean KL": kl / n})
+    return rows
+
+
 def main(a) -> None:
     from jspec import messages
     from jspec.fetch import resolve_model
@@ -131,6 +182,10 @@ def main(a) -> None:
         from jspec.args import load_drafter_arg
         drafter = load_drafter_arg(a.drafter, base)
     q = quality(base, targets, prompts, a.max_new_tokens)
+    if a.gguf:
+        import jspec
+        ref = jspec.generate(base, prompts, max_new_tokens=a.max_new_tokens)
+        grows = gguf_rows(path, prompts, [p + t for p, t in zip(prompts, ref.tokens)])
     batches = [int(b) for b in a.batches.split(",")]
     sp = speed(targets, prompts, a.max_new_tokens, drafter, batches, a.repeats)
     rows = []
@@ -150,6 +205,9 @@ def main(a) -> None:
           f"EAGLE-3 (4,1,5) chain, " + ("head " + a.drafter if drafter is not None else
                                         "random head with accept length forced to 3"))
     print(common.format_table(rows, list(rows[0])))
+    if a.gguf:
+        print("\nGGUF blocks kept quantized, against the same file dequantized to fp32")
+        print(common.format_table(grows, list(grows[0])))
 
 
 COMMAND = Command("quant", "quantized targets against fp32: greedy agreement, KL, bytes, "
