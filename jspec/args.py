@@ -68,3 +68,37 @@ def load_drafter_arg(spec: str, target):
         kw = {"vocab_size": int(vd[0])} if vd else {}
         return drafters.random_drafter(kind, target.config, **kw)
     return drafters.load_drafter(spec, target.config)
+
+
+def add_response_format_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("structured output (jspec.grammar; one of)")
+    x = g.add_mutually_exclusive_group()
+    x.add_argument("--response-format", metavar="JSON", help="an OpenAI-style response_format "
+                   "object, inline or @FILE (json_object, json_schema, regex, choice)")
+    x.add_argument("--json-schema", metavar="FILE", help="a JSON schema file: output validates")
+    x.add_argument("--regex", help="output fully matches this regex")
+    x.add_argument("--choices", help="comma-separated: output is exactly one of them")
+
+
+def response_format_of(args) -> dict | None:
+    """The ``response_format`` the flags of :func:`add_response_format_args` ask for."""
+    import json
+    from pathlib import Path
+    if args.response_format:
+        raw = args.response_format
+        text = Path(raw[1:]).read_text() if raw.startswith("@") else raw
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--response-format: not JSON ({e})") from None
+    if args.json_schema:
+        try:
+            schema = json.loads(Path(args.json_schema).read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--json-schema {args.json_schema}: not JSON ({e})") from None
+        return {"type": "json_schema", "json_schema": {"name": "schema", "schema": schema}}
+    if args.regex:
+        return {"type": "regex", "regex": args.regex}
+    if args.choices:
+        return {"type": "choice", "choices": [c for c in args.choices.split(",") if c]}
+    return None

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from jspec.args import add_kernels_arg, add_prefill_chunk_arg, load_drafter_arg, parse_ids  # noqa: F401 (re-exported)
-from jspec.args import add_process_args, add_quantize_arg, parse_mesh
+from jspec.args import (add_process_args, add_quantize_arg, add_response_format_args,
+                        parse_mesh, response_format_of)
 from jspec.fetch import resolve_model
 
 
@@ -32,6 +33,7 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-ids", type=parse_ids, default=None, help="ids that end a row (default: EOS)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     add_quantize_arg(p)
+    add_response_format_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
                    help="print tokens as they are accepted (default: on a terminal, for one "
@@ -104,6 +106,7 @@ def run_generate(args) -> int:
     if args.mesh:      # each process reads only the weights its devices hold
         from jspec import sharding
         mesh = sharding.make_mesh(*parse_mesh(args.mesh))
+    fmt = response_format_of(args)        # a bad file or JSON fails before the model loads
     target = jspec.load_target(args.model, dtype=args.dtype, tokenizer=args.tokenizer, mesh=mesh,
                                quantize=args.quantize)
     prompts = args.prompt if args.prompt is not None else args.prompt_ids
@@ -121,12 +124,12 @@ def run_generate(args) -> int:
         if args.json or multi or mesh or args.profile or args.output:
             raise ValueError("--stream serves one process without a mesh, and prints text: "
                              "drop --json/--output/--profile/--mesh/--distributed")
-        return stream_generate(args, target, prompts, drafter, spec)
+        return stream_generate(args, target, prompts, drafter, spec, fmt)
     res = jspec.generate(target, prompts, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                          seed=args.seed, stop_ids=args.stop_ids, drafter=drafter, spec=spec,
                          profile=args.profile, kernels=args.kernels, mesh=mesh,
-                         prefill_chunk=args.prefill_chunk)
+                         prefill_chunk=args.prefill_chunk, response_format=fmt)
     if args.output:
         if multi:
             distributed.write_combined(args.output, res)
@@ -163,7 +166,7 @@ def print_result(res, prompts, drafter) -> None:
               f"other {p['other_share']:.0%}", file=sys.stderr)
 
 
-def stream_generate(args, target, prompts, drafter, spec) -> int:
+def stream_generate(args, target, prompts, drafter, spec, fmt=None) -> int:
     """``generate --stream``: the prompts through a :class:`jspec.engine.Engine`, printed as
     their tokens are accepted (one prompt), or each as it finishes (several). Row ``r``
     samples with the key it has in ``generate``'s batch, so the output is the same."""
@@ -181,8 +184,8 @@ def stream_generate(args, target, prompts, drafter, spec) -> int:
                  sampling=SamplingConfig(args.temperature, args.top_k, args.top_p),
                  max_new_tokens=max(1, args.max_new_tokens), longest_prompt=max(map(len, ids)),
                  kernels=args.kernels, prefill_chunk=args.prefill_chunk)
-    reqs = [Request(p, args.max_new_tokens, key=keys[r], stop_ids=args.stop_ids)
-            for r, p in enumerate(ids)]
+    reqs = [Request(p, args.max_new_tokens, key=keys[r], stop_ids=args.stop_ids,
+                    response_format=fmt) for r, p in enumerate(ids)]
     one = len(ids) == 1
     show = (lambda toks: target.tokenizer.decode(toks)) if target.tokenizer is not None else \
         (lambda toks: " ".join(map(str, toks)))

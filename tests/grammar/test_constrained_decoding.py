@@ -191,3 +191,23 @@ def test_runner_records_take_grammars(target, stories_dir, tmp_path):
     assert re.fullmatch(REGEX, out["rx"]["text"]) and out["ch"]["text"] in CHOICE
     assert matches(FORMATS["json"], out["js"]["text"])
     assert "bad regex" in out["bad"]["error"] and "text" in out["free"]
+
+
+def test_generate_cli_takes_a_grammar(stories_dir, tmp_path, capsys):
+    """``python -m jspec generate --regex / --choices / --json-schema / --response-format``,
+    and a bad one is one line on stderr with status 2."""
+    import json
+    from jspec.cli import main
+    base = ["generate", "--model", str(stories_dir), "--prompt", PROMPTS[0], "--no-stream",
+            "--json", "--max-new-tokens", str(NEW)]
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps(FORMATS["json"]["json_schema"]["schema"]))
+    for flags, fmt in ((["--regex", REGEX], FORMATS["regex"]),
+                       (["--choices", ",".join(CHOICE)], FORMATS["choice"]),
+                       (["--json-schema", str(schema)], FORMATS["json"]),
+                       (["--response-format", json.dumps(FORMATS["choice"])], FORMATS["choice"])):
+        assert main(base + flags) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert matches(fmt, out["text"][0]), (flags, out["text"])
+    assert main(base + ["--response-format", "{nope"]) == 2
+    assert "not JSON" in capsys.readouterr().err
