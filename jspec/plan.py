@@ -209,13 +209,15 @@ class Plan:
             return self.decoder.profile(*self.call_args(key))
         args = self.call_args(key)
         if not self.bucketed:
-            return self.decoder.run(*args, grammar=self.grammar), None
+            kw = {} if self.grammar is None else {"grammar": self.grammar}
+            return self.decoder.run(*args, **kw), None
         return self.executable(args)(*args, **self.runtime_kwargs), None
 
     @property
     def runtime_kwargs(self) -> dict:
-        """The decoder's runtime keyword arguments: sampling settings and grammars."""
-        return {"rows": self.rows, "grammar": self.grammar}
+        """The decoder's runtime keyword arguments: sampling settings, and the grammars when
+        there are any (left out otherwise, as every other caller of ``run`` leaves them)."""
+        return {"rows": self.rows, **({} if self.grammar is None else {"grammar": self.grammar})}
 
     def executable(self, args=None):
         """The compiled decoder for these shapes (:mod:`jspec.executables`: once a process)."""

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec import kv_cache as kvc
-from jspec.engine.grammars import SlotGrammars, automaton_for, insert_grammar
+from jspec.engine.grammars import SlotGrammars, automaton_for, grammar_kw, insert_grammar
 from jspec.engine.live import Checked, LiveEngine
 from jspec.engine.logprob_host import EngineLogprobs, check_k, check_request as check_logprobs
 from jspec.engine.pages import PagePool
@@ -235,7 +235,7 @@ class Engine(LiveEngine):
                 jnp.asarray(stops), jnp.asarray([live.req.max_new_tokens], jnp.int32),
                 row_key(live.req),
                 self.sampling.row(live.req.temperature, live.req.top_k, live.req.top_p), lazy=lazy,
-                grammar=grammar)
+                **grammar_kw(grammar))
 
     def warm(self, longest_prompt: int | None = None, buckets=None) -> None:
         """Compile every program now: insert for each prompt bucket up to ``longest_prompt``
@@ -342,7 +342,7 @@ class Engine(LiveEngine):
                 self.syncs += 1
             self.state = self.programs.decode(self.target.serving_params, self._dparams,
                                               self.state, jnp.asarray(rows), spec=mode,
-                                              grammar=self.grammars.tables)
+                                              **grammar_kw(self.grammars.tables))
 
     def _deltas(self, live: list[int], slots: list, now: float) -> Iterator[Delta]:
         """What the chunk added to each live slot; finished rows complete and free their slot."""

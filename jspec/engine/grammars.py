@@ -88,6 +88,12 @@ def automaton_for(target, req):
                           list(stops))
 
 
+def grammar_kw(tables) -> dict:
+    """The programs' ``grammar=`` keyword, left out when there is none: a call that names it
+    and one that does not are two entries of jit's cache, and ``Engine.warm`` names none."""
+    return {} if tables is None else {"grammar": tables}
+
+
 def insert_grammar(grammars: SlotGrammars, slot: int, automaton, state):
     """``(the insert's grammar argument or None, the engine state)``: ``slot``'s automaton
     registered, and the live slots' states renumbered if the table was compacted."""
