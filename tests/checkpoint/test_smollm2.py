@@ -69,8 +69,8 @@ def paths(smollm2, tmp_path_factory):
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("path", ["generate-plain", "generate-eagle3", "engine-plain",
-                                  "engine-eagle3", "runner-eagle3"])
+@pytest.mark.parametrize("path", ["generate-plain", "generate-eagle3", "engine-eagle3",
+                                  "runner-eagle3"])
 def test_equals_transformers(paths, path):
     from helpers.smollm2_paths import SERVED_TOKENS
     n = len(ROWS[0]["tokens"]) if path.startswith("generate") else SERVED_TOKENS

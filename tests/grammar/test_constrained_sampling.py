@@ -28,10 +28,10 @@ PROMPT = [1, 5, 9]
 SAMPLING = dict(temperature=0.9, top_k=12)
 PIECES = [b"<unk>", b"<s>", b"</s>", b"a", b"b", b"ab", b"ba", b"aba", b"bab", b"c", b"abab",
           b"x", b"y", b"bb", b"aa", b"z"]
-# "ab" or "ba", an "x", alternating a/b, then "c": which tokens are allowed depends on where
-# the text is, some states allow one token only (after "a": "b"; after "ab": "x"), which the
-# speculative path drafts for free (force_tree), and 3 tokens never complete it.
-FORMAT = {"type": "regex", "regex": "(ab|ba)x(ab){3,}c"}
+# One of a, b, aa, bb, then "x", then letters, then "c": which tokens are allowed depends on
+# where the text is, the second token is forced (the only one allowed: the speculative path
+# drafts it for free, force_tree), and 3 tokens never complete it.
+FORMAT = {"type": "regex", "regex": "(a|b|aa|bb)x[abyz]+c"}
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +76,9 @@ def pvalue(tokens, exact):
     e = exact.ravel() * len(tokens)
     assert counts[e == 0].sum() == 0, "sampled a sequence the grammar or the target forbids"
     big = e >= 5
-    obs = np.append(counts[big], counts[~big & (e > 0)].sum())
-    exp = np.append(e[big], e[~big & (e > 0)].sum())
+    rest = ~big & (e > 0)
+    obs = np.append(counts[big], counts[rest].sum()) if rest.any() else counts[big]
+    exp = np.append(e[big], e[rest].sum()) if rest.any() else e[big]
     return stats.chisquare(obs, exp / exp.sum() * obs.sum()).pvalue, int(big.sum())
 
 
@@ -96,6 +97,8 @@ def test_constrained_sampling_matches_the_masked_target(target, exact, spec):
     toks, res = sample(target, drafter, spec, seed=1)
     p, cells = pvalue(toks, exact)
     assert cells > 20 and p > 1e-3, (p, cells)
+    after = np.isin(toks[:, 0], [13, 14])                # "bb", "aa": then "x" is forced
+    assert after.sum() > 100 and (toks[after, 1] == 11).all()
     if drafter is not None:     # drafts really accepted, or this only tests plain sampling
         hist = np.sum([s["accept_hist"] for s in res.stats], 0)
         assert hist[2:].sum() > 1000, hist

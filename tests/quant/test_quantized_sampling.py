@@ -59,9 +59,12 @@ def pvalue(tokens, exact):
     return stats.chisquare(obs, exp / exp.sum() * obs.sum()).pvalue, int(big.sum())
 
 
-# 20,000 rows each (about a minute apiece here): the tree runs by default (speculation on the
-# quantized target is what could go wrong), plain decoding and the chain with -m slow.
-@pytest.mark.parametrize("spec", [pytest.param(None, marks=pytest.mark.slow), SpecConfig(3, 4, 8),
+# 20,000 rows each (about a minute apiece here), all with -m slow: a quantized target goes
+# through the same sampling code as a float one (tests/decode/test_spec_sampling.py runs the
+# tree by default); the greedy exactness of every kind runs by default in
+# test_quantized_target.py.
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 4, 8),
                                   pytest.param(SpecConfig.chain(3), marks=pytest.mark.slow)],
                          ids=["plain", "tree", "chain"])
 def test_sampling_matches_the_quantized_target(target, exact, spec):
