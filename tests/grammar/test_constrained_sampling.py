@@ -23,7 +23,7 @@ from jspec.spec_config import SpecConfig
 from jspec.tokenizer import Llama2cTokenizer
 
 V = 16
-ROWS = 20_000
+ROWS = 10_000
 PROMPT = [1, 5, 9]
 SAMPLING = dict(temperature=0.9, top_k=12)
 PIECES = [b"<unk>", b"<s>", b"</s>", b"a", b"b", b"ab", b"ba", b"aba", b"bab", b"c", b"abab",
