@@ -10,7 +10,6 @@ holds what the loops call. See docs/structured_output.md.
 from __future__ import annotations
 
 import collections
-import json
 import threading
 import time
 from typing import Any, Sequence
@@ -81,7 +80,3 @@ def compile_format(response_format: Any, tokenizer, vocab_size: int,
             _CACHE.popitem(last=False)
     return a
 
-
-def format_key(response_format: Any) -> str:
-    """A canonical string of a format (for logs and tables)."""
-    return json.dumps(response_format, sort_keys=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from jspec.grammar import compile_format, device
@@ -39,7 +40,6 @@ def padded_state(automata, vocab_size: int) -> device.GrammarState | None:
     dead = Sp - 1
     out = np.full((Sp, Cp), dead, np.int32)
     out[:S, :C] = np.where(table == S - 1, dead, table)
-    import jax.numpy as jnp
     return device.GrammarState(jnp.asarray(out), jnp.asarray(classes),
                                jnp.asarray(device.forced_tokens(out, classes)),
                                jnp.asarray(initial))
