@@ -53,7 +53,10 @@ def llguidance_row(lltok, schema: dict, tokens: list[int], V: int) -> dict:
 
 
 def main(a) -> None:
-    import llguidance
+    try:
+        import llguidance
+    except ImportError:
+        raise SystemExit("bench grammar-libs compares against llguidance: pip install llguidance")
 
     import jspec
     from benchmarks.grammar_formats import SCHEMAS
