@@ -2,65 +2,31 @@
 sampling's distribution over the first 3 generated tokens matches the target's exact
 distribution (enumerated), for a tree and a chain, like plain sampling does."""
 
-import itertools
-
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
+from helpers.enumerated import PROMPT, SAMPLING, V, joint, pair_logits, pvalue, sharp_target
 
 import jspec
-from jspec import kv_cache as kvc
 from jspec.drafters import random_drafter
-from jspec.llama import Llama, init_params
 from jspec.sampling import SamplingConfig, target_probs
 from jspec.spec_config import SpecConfig
 
-V = 16
 ROWS = 20_000
-PROMPT = [1, 5, 9]
-SAMPLING = dict(temperature=0.9, top_k=12)
 
 
 @pytest.fixture(scope="module")
 def target():
-    cfg = jspec.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2,
-                            num_heads=4, num_kv_heads=2, head_dim=8, tie_word_embeddings=True)
-    params = init_params(cfg, jax.random.key(7))
-    # Sharpen the tied embedding so next-token distributions are far from uniform.
-    params["embed_tokens"]["embedding"] = params["embed_tokens"]["embedding"] * 6
-    return jspec.Target(cfg, params)
+    return sharp_target()
 
 
 @pytest.fixture(scope="module")
 def exact(target):
     """P(x1, x2, x3 | prompt) under the sampling filters, by enumerating all 256 (x1, x2)."""
-    pairs = np.array(list(itertools.product(range(V), repeat=2)), np.int32)
-    seqs = np.concatenate([np.tile(PROMPT, (len(pairs), 1)), pairs], 1)
-    B, T = seqs.shape
-    pt = kvc.allocate_page_table([T] * B, 8, B)
-    cache = kvc.init_cache(2, 2, 8, pt, B, 8)
-    model = Llama(target.config)
-    h, _, _ = model.apply({"params": target.params}, jnp.asarray(seqs),
-                          jnp.broadcast_to(jnp.arange(T), (B, T)), cache)
-    probs = np.asarray(target_probs(model.apply({"params": target.params}, h, method=Llama.logits),
-                                    SamplingConfig(**SAMPLING)), np.float64)
-    p1 = probs[0, len(PROMPT) - 1]
-    p2 = probs[::V, len(PROMPT)]                      # rows with x2 = 0 -> p(x2 | x1)
-    p3 = probs[:, len(PROMPT) + 1].reshape(V, V, V)   # p(x3 | x1, x2)
-    return p1[:, None, None] * p2[:, :, None] * p3
-
-
-def pvalue(tokens, exact):
-    counts = np.zeros(V ** 3)
-    np.add.at(counts, np.ravel_multi_index(np.asarray(tokens).T, (V, V, V)), 1)
-    e = exact.ravel() * len(tokens)
-    assert counts[e == 0].sum() == 0, "sampled a sequence the target cannot produce"
-    big = e >= 5
-    obs = np.append(counts[big], counts[~big & (e > 0)].sum())
-    exp = np.append(e[big], e[~big & (e > 0)].sum())
-    return stats.chisquare(obs, exp / exp.sum() * obs.sum()).pvalue, int(big.sum())
+    probs = np.asarray(target_probs(pair_logits(target), SamplingConfig(**SAMPLING)), np.float64)
+    n = len(PROMPT)
+    # rows with x2 = 0 give p(x2 | x1); every row gives p(x3 | x1, x2)
+    return joint(probs[0, n - 1], probs[::V, n], probs[:, n + 1].reshape(V, V, V))
 
 
 def sample(target, drafter=None, spec=None, seed=0):

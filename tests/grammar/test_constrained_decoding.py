@@ -12,9 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers.tiny_targets import KINDS, drafter_of
 
 import jspec
-from jspec.drafters import Drafter, ngram_drafter, random_drafter
+from jspec.drafters import Drafter, ngram_drafter
 from jspec.drafters.oracle import Oracle
 from jspec.grammar import GrammarError
 from jspec.spec_config import SpecConfig
@@ -60,16 +61,9 @@ def test_outputs_match_their_grammar(target, name):
             assert matches(fmt, text), text
 
 
-def drafter_for(kind, cfg):
-    if kind == "ngram":
-        return ngram_drafter(cfg)
-    kw = {"num_heads": 4} if kind == "medusa" else {"block_size": 5} if kind == "dflash" else {}
-    return random_drafter(kind, cfg, jax.random.key(3), **kw)
-
-
 def combos():
     for kind, spec, size in itertools.product(
-            ["eagle1", "eagle3", "mtp", "medusa", "ngram", "dflash"], SPECS, [1, 4]):
+            KINDS, SPECS, [1, 4]):
         fast = (kind, spec, size) in {("eagle3", "tree", 4), ("ngram", "chain", 1),
                                       ("medusa", "tree", 1), ("dflash", "chain", 4)}
         yield pytest.param(kind, spec, size, id=f"{kind}-{spec}-{size}",
@@ -84,7 +78,7 @@ def test_greedy_speculative_equals_constrained_plain(target, kind, spec, size):
     plain = jspec.generate(target, prompts, max_new_tokens=limits, stop_ids=[EOS],
                            response_format=fmts)
     res = jspec.generate(target, prompts, max_new_tokens=limits, stop_ids=[EOS],
-                         response_format=fmts, drafter=drafter_for(kind, target.config),
+                         response_format=fmts, drafter=drafter_of(kind, target.config),
                          spec=SPECS[spec])
     assert res.tokens == plain.tokens
     if size > 1:     # the unconstrained row decodes as if alone
@@ -136,7 +130,7 @@ def test_drafts_follow_the_grammar(target):
     """EAGLE's drafter masks each path by its own state: even a random head then drafts
     the grammar's narrow stretches right, where unmasked it almost never is."""
     import dataclasses
-    d = drafter_for("eagle3", target.config)
+    d = drafter_of("eagle3", target.config)
     kw = dict(max_new_tokens=NEW, stop_ids=[EOS], response_format=FORMATS["json"],
               spec=SPECS["tree"])
     masked = jspec.generate(target, PROMPTS, drafter=d, **kw)
@@ -160,7 +154,7 @@ def test_engine_serves_each_request_its_own_grammar(target, kind):
     prompts = PROMPTS + PROMPTS[:1]
     want = [jspec.generate(target, [p], max_new_tokens=n, stop_ids=[EOS], response_format=f
                            ).tokens[0] for p, n, f in zip(prompts, limits, fmts)]
-    d = None if kind is None else drafter_for(kind, target.config)
+    d = None if kind is None else drafter_of(kind, target.config)
     eng = Engine(target, d, slots=2, max_new_tokens=NEW, spec=SPECS["tree"] if d else None)
     done = eng.generate([Request(p, n, stop_ids=[EOS], response_format=f)
                          for p, n, f in zip(prompts, limits, fmts)])

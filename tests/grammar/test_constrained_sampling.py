@@ -4,28 +4,21 @@ speculative sampling's distribution over the first 3 tokens matches the masked t
 distribution (each step's logits masked by that prefix's grammar state, then the sampling
 filters), enumerated exactly."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
+from helpers.enumerated import PROMPT, SAMPLING, V, joint, pair_logits, pvalue, sharp_target
 
 import jspec
-from jspec import kv_cache as kvc
 from jspec.drafters import random_drafter
 from jspec.grammar import compile_format
 from jspec.grammar.device import FORBIDDEN
-from jspec.llama import Llama, init_params
 from jspec.sampling import SamplingConfig, target_probs
 from jspec.spec_config import SpecConfig
 from jspec.tokenizer import Llama2cTokenizer
 
-V = 16
 ROWS = 10_000
-PROMPT = [1, 5, 9]
-SAMPLING = dict(temperature=0.9, top_k=12)
 PIECES = [b"<unk>", b"<s>", b"</s>", b"a", b"b", b"ab", b"ba", b"aba", b"bab", b"c", b"abab",
           b"x", b"y", b"bb", b"aa", b"z"]
 # One of a, b, aa, bb, then "x", then letters, then "c": which tokens are allowed depends on
@@ -36,25 +29,14 @@ FORMAT = {"type": "regex", "regex": "(a|b|aa|bb)x[abyz]+c"}
 
 @pytest.fixture(scope="module")
 def target():
-    cfg = jspec.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2,
-                            num_heads=4, num_kv_heads=2, head_dim=8, tie_word_embeddings=True)
-    params = init_params(cfg, jax.random.key(7))
-    params["embed_tokens"]["embedding"] = params["embed_tokens"]["embedding"] * 6
-    return jspec.Target(cfg, params, Llama2cTokenizer(PIECES, [0.0] * V))
+    return sharp_target(Llama2cTokenizer(PIECES, [0.0] * V))
 
 
 @pytest.fixture(scope="module")
 def exact(target):
     """P(x1, x2, x3 | prompt) under the grammar and the sampling filters, by enumeration."""
     auto = compile_format(FORMAT, target.tokenizer, V, [2])
-    pairs = np.array(list(itertools.product(range(V), repeat=2)), np.int32)
-    seqs = np.concatenate([np.tile(PROMPT, (len(pairs), 1)), pairs], 1)
-    B, T = seqs.shape
-    cache = kvc.init_cache(2, 2, 8, kvc.allocate_page_table([T] * B, 8, B), B, 8)
-    model = Llama(target.config)
-    h, _, _ = model.apply({"params": target.params}, jnp.asarray(seqs),
-                          jnp.broadcast_to(jnp.arange(T), (B, T)), cache)
-    logits = np.asarray(model.apply({"params": target.params}, h, method=Llama.logits))
+    logits = pair_logits(target)
     s1 = np.array([auto.step(auto.initial, x) for x in range(V)])
     s2 = np.array([[auto.step(s1[a], b) for b in range(V)] for a in range(V)])
     n = len(PROMPT)
@@ -67,19 +49,7 @@ def exact(target):
     p2 = np.stack([probs(logits[a * V, n], s1[a]) for a in range(V)])
     p3 = np.stack([probs(logits[a * V + b, n + 1], s2[a, b])
                    for a in range(V) for b in range(V)]).reshape(V, V, V)
-    return p1[:, None, None] * p2[:, :, None] * p3
-
-
-def pvalue(tokens, exact):
-    counts = np.zeros(V ** 3)
-    np.add.at(counts, np.ravel_multi_index(np.asarray(tokens).T, (V, V, V)), 1)
-    e = exact.ravel() * len(tokens)
-    assert counts[e == 0].sum() == 0, "sampled a sequence the grammar or the target forbids"
-    big = e >= 5
-    rest = ~big & (e > 0)
-    obs = np.append(counts[big], counts[rest].sum()) if rest.any() else counts[big]
-    exp = np.append(e[big], e[rest].sum()) if rest.any() else e[big]
-    return stats.chisquare(obs, exp / exp.sum() * obs.sum()).pvalue, int(big.sum())
+    return joint(p1, p2, p3)
 
 
 def sample(target, drafter=None, spec=None, seed=0):

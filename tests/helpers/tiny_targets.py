@@ -3,6 +3,7 @@ for checkpoint round trips that need no trained weights."""
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -45,3 +46,17 @@ def tiny_tokenizer():
 def l2c_target(tied, **kw):
     """A tiny target llama2.c's format can hold (its eps and stop ids)."""
     return tiny_target(tied, rms_norm_eps=1e-5, eos_token_ids=(1, 2), **kw)
+
+
+# Every drafter kind the exactness matrices run (the test oracle aside).
+KINDS = ("eagle1", "eagle3", "mtp", "medusa", "ngram", "dflash")
+
+
+def drafter_of(kind: str, cfg, seed: int = 3):
+    """A drafter of ``kind`` for a target of ``cfg``: random weights (4 Medusa heads, a
+    5-token DFlash block), or n-gram prompt lookup."""
+    from jspec.drafters import ngram_drafter, random_drafter
+    if kind == "ngram":
+        return ngram_drafter(cfg)
+    kw = {"num_heads": 4} if kind == "medusa" else {"block_size": 5} if kind == "dflash" else {}
+    return random_drafter(kind, cfg, jax.random.key(seed), **kw)

@@ -11,11 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers.tiny_targets import KINDS, drafter_of
 import qwix
 
 import jspec
 from jspec.checkpoint import load_target
-from jspec.drafters import ngram_drafter, random_drafter
+from jspec.drafters import random_drafter
 from jspec.engine import Engine, Request
 from jspec.quant import QuantConfig, QuantizeError, mode_of, quantize_weight, quantized_linear
 from jspec.scoring import teacher_forced
@@ -76,16 +77,9 @@ def test_w8a8_rows_do_not_mix():
         assert np.array_equal(np.asarray(product(jnp.asarray(x[i:i + 1]), qw))[0], together[i])
 
 
-def drafter_for(kind, cfg):
-    if kind == "ngram":
-        return ngram_drafter(cfg)
-    kw = {"num_heads": 4} if kind == "medusa" else {"block_size": 5} if kind == "dflash" else {}
-    return random_drafter(kind, cfg, jax.random.key(3), **kw)
-
-
 def combos():
     for mode, kind, spec, size in itertools.product(
-            ["int8", "fp8"], ["eagle1", "eagle3", "mtp", "medusa", "ngram", "dflash"],
+            ["int8", "fp8"], KINDS,
             SPECS, [1, 4]):
         fast = (mode, kind, spec, size) in {("int8", "eagle3", "tree", 4), ("int8", "ngram", "chain", 1),
                                             ("fp8", "medusa", "chain", 1), ("int8", "dflash", "chain", 4)}
@@ -103,7 +97,7 @@ def test_greedy_speculative_equals_plain(quantized, stories, mode, kind, spec, s
     limits = [NEW] if size == 1 else [NEW, 9, 21, 14]
     plain = jspec.generate(target, prompts, max_new_tokens=limits, stop_ids=[])
     res = jspec.generate(target, prompts, max_new_tokens=limits, stop_ids=[],
-                         drafter=drafter_for(kind, target.config), spec=SPECS[spec])
+                         drafter=drafter_of(kind, target.config), spec=SPECS[spec])
     assert res.tokens == plain.tokens
 
 
