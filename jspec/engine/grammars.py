@@ -15,8 +15,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.grammar import GrammarError, compile_format
-from jspec.grammar.constraint import padded_state
+from jspec.grammar.constraint import compile_row, padded_state
+from jspec.grammar.device import state_offsets
 
 COMPACT_AT = 4096
 
@@ -29,11 +29,7 @@ class SlotGrammars:
         self.of_slot: dict[int, object] = {}
 
     def _offsets(self) -> dict[int, int]:
-        out, total = {}, 1
-        for a in self.automata:
-            out[id(a)] = total
-            total += a.num_states - 1
-        return out
+        return state_offsets(self.automata)[0]  # the offsets padded_state's table uses
 
     def _rebuild(self) -> None:
         self.tables = padded_state(self.automata, self.vocab_size)
@@ -79,13 +75,8 @@ def renumbered(states: np.ndarray, mapping: dict, dead: int) -> np.ndarray:
 def automaton_for(target, req):
     """The compiled (cached) automaton of ``req.response_format``, or None; a bad format, or
     one with no stop id to end on, raises :class:`jspec.grammar.GrammarError`."""
-    if req.response_format is None:
-        return None
     stops = req.stop_ids if req.stop_ids is not None else target.config.eos_token_ids
-    if not stops:
-        raise GrammarError(f"request {req.id}: a response_format needs a stop id to end on")
-    return compile_format(req.response_format, target.tokenizer, target.config.vocab_size,
-                          list(stops))
+    return compile_row(target, req.response_format, stops, f"request {req.id}")
 
 
 def grammar_kw(tables) -> dict:

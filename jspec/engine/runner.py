@@ -172,17 +172,18 @@ def parse(text: str, line: int, target, args) -> Record:
             (args.seed * 1_000_003 + zlib.crc32(_key(rec.id).encode())) % 2 ** 31
         if "stop" in d:
             rec.stop = [_stop_id(s, target) for s in d["stop"]]
-        rec.response_format = _response_format(d, target, rec.stop)
+        rec.response_format = _response_format(d, target, rec)
     except (ValueError, TypeError) as e:
         rec.error = str(e)
     return rec
 
 
-def _response_format(d: dict, target, stop) -> dict | None:
+def _response_format(d: dict, target, rec: Record) -> dict | None:
     """A record's structured output: ``response_format`` (jspec.generate's), or the short
     forms ``regex`` (a string) and ``choices`` (a list of strings); checked and compiled
-    here (cached), so a bad grammar is that record's error."""
-    from jspec.grammar import compile_format
+    here (cached, as the engine checks a request), so a bad grammar is that record's error."""
+    from jspec.engine import Request
+    from jspec.engine.grammars import automaton_for
     given = [k for k in ("response_format", "regex", "choices") if k in d]
     if len(given) > 1:
         raise ValueError(f"give one of {given}")
@@ -191,10 +192,7 @@ def _response_format(d: dict, target, stop) -> dict | None:
     k = given[0]
     fmt = d[k] if k == "response_format" else {"type": "regex", "regex": d[k]} \
         if k == "regex" else {"type": "choice", "choices": d[k]}
-    stops = stop if stop is not None else list(target.config.eos_token_ids)
-    if fmt is not None and not stops:
-        raise ValueError("a response_format needs a stop id to end on")
-    compile_format(fmt, target.tokenizer, target.config.vocab_size, stops)
+    automaton_for(target, Request(rec.ids, stop_ids=rec.stop, id=rec.id, response_format=fmt))
     return fmt
 
 

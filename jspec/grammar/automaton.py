@@ -79,12 +79,25 @@ def _classes(columns, V: int) -> np.ndarray:
     return np.unique(h, return_inverse=True)[1].astype(np.int32)
 
 
+def refine(classes: np.ndarray, column: np.ndarray) -> np.ndarray:
+    """``[V]`` classes split by one more non-negative per-token ``column``: two tokens stay
+    together only if they shared a class and agree on the column."""
+    key = classes.astype(np.int64) * (int(column.max()) + 1) + column
+    return np.unique(key, return_inverse=True)[1].astype(np.int32)
+
+
+def representatives(classes: np.ndarray) -> np.ndarray:
+    """``[C]``: the first token of each class."""
+    first = np.zeros(int(classes.max()) + 1, np.int64)
+    first[classes[::-1]] = np.arange(len(classes))[::-1]
+    return first
+
+
 def _refined(columns, V: int) -> np.ndarray:
-    classes = np.zeros(V, np.int64)
+    classes = np.zeros(V, np.int32)
     for col in columns:
-        key = classes * (int(col.max()) + 2) + (col + 1)
-        classes = np.unique(key, return_inverse=True)[1]
-    return classes.astype(np.int32)
+        classes = refine(classes, col)
+    return classes
 
 
 def from_index(index, vocab_size: int, stop_ids: Sequence[int], source: str = "",
@@ -131,10 +144,8 @@ def from_index(index, vocab_size: int, stop_ids: Sequence[int], source: str = ""
 def _table(columns, classes: np.ndarray, states, S: int) -> np.ndarray | None:
     """``next_state [S + 1, C]`` from one representative token per class, or None when a
     column disagrees with it (two different columns hashed alike)."""
-    C = int(classes.max()) + 1
-    first = np.zeros(C, np.int64)
-    first[classes[::-1]] = np.arange(len(classes))[::-1]      # a representative per class
-    table = np.full((S + 1, C), S, np.int32)
+    first = representatives(classes)
+    table = np.full((S + 1, len(first)), S, np.int32)
     for st, col in zip(states, columns):
         table[st] = col[first]
         if not np.array_equal(table[st][classes], col):

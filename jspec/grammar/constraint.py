@@ -45,6 +45,17 @@ def padded_state(automata, vocab_size: int) -> device.GrammarState | None:
                                jnp.asarray(initial))
 
 
+def compile_row(target, fmt, stops, who: str):
+    """The (cached) automaton of one row's or request's ``fmt`` ending on ``stops``, or None
+    for no format; refused when there is no stop id to end on."""
+    if fmt is None:
+        return None
+    if not stops:
+        raise GrammarError(f"{who} has a response_format but no stop ids: a constrained row "
+                           "ends on a stop id once its grammar is complete")
+    return compile_format(fmt, target.tokenizer, target.config.vocab_size, list(stops))
+
+
 def plan_grammar(target, response_format, stops: np.ndarray, B: int, Bc: int, *, mesh=None,
                  forced_accept: float = 0.0) -> device.GrammarState | None:
     """The device grammars of a batch of ``B`` real rows padded to ``Bc`` (``stops [B, W]``:
@@ -59,11 +70,6 @@ def plan_grammar(target, response_format, stops: np.ndarray, B: int, Bc: int, *,
         raise GrammarError("forced_accept (a benchmark mode whose output is not the target's) "
                            "cannot be combined with response_format")
     V = target.config.vocab_size
-    automata = []
-    for r, f in enumerate(formats):
-        ends = [int(t) for t in stops[r] if t >= 0]
-        if f is not None and not ends:
-            raise GrammarError(f"row {r} has a response_format but no stop ids: a constrained "
-                               "row ends on a stop id once its grammar is complete")
-        automata.append(compile_format(f, target.tokenizer, V, ends))
+    automata = [compile_row(target, f, [int(t) for t in stops[r] if t >= 0], f"row {r}")
+                for r, f in enumerate(formats)]
     return padded_state(automata + [None] * (Bc - B), V)

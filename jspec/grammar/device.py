@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jspec.grammar.automaton import TokenAutomaton
+from jspec.grammar.automaton import TokenAutomaton, refine, representatives
 from jspec.shapes import Bool, Int
 
 
@@ -40,33 +40,39 @@ def forced_tokens(table: np.ndarray, classes: np.ndarray) -> np.ndarray:
     sizes = np.bincount(classes, minlength=table.shape[1])
     ok = table != dead
     count = (ok * sizes[None]).sum(1)
-    rep = np.zeros(table.shape[1], np.int64)
-    rep[classes[::-1]] = np.arange(len(classes))[::-1]
+    rep = np.zeros(table.shape[1], np.int64)        # padding classes (no token): never picked
+    used = representatives(classes)
+    rep[:len(used)] = used
     only = rep[np.argmax(ok, 1)]
     return np.where(count == 1, only, -1).astype(np.int32)
+
+
+def state_offsets(automata: Sequence[TokenAutomaton]) -> tuple[dict[int, int], int]:
+    """``(where each distinct automaton's states start, by ``id``, the shared dead state)`` in
+    a stacked table: in order of first appearance after state 0, the free state; each one's
+    own dead state is the shared one. The engine relies on this order to keep live states
+    valid as its table grows."""
+    offsets, total = {}, 1
+    for a in automata:
+        if id(a) not in offsets:
+            offsets[id(a)] = total
+            total += a.num_states - 1
+    return offsets, total
 
 
 def stack(automata: Sequence[TokenAutomaton | None], vocab_size: int):
     """``(next_state [S, C], token_class [V], initial [B])`` numpy tables for rows whose
     grammars are ``automata`` (None: unconstrained)."""
     present = [a for a in automata if a is not None]
-    classes = np.zeros(vocab_size, np.int64)
+    classes = np.zeros(vocab_size, np.int32)
     for a in present:               # joint classes: tokens alike under every grammar
         if a.token_class.shape[0] != vocab_size:
             raise ValueError(f"a grammar built for {a.token_class.shape[0]} tokens, the "
                              f"model has {vocab_size}")
-        key = classes * (a.num_classes + 1) + a.token_class
-        classes = np.unique(key, return_inverse=True)[1]
-    C = int(classes.max()) + 1
-    rep = np.zeros(C, np.int64)
-    rep[classes[::-1]] = np.arange(vocab_size)[::-1]
-    offsets, total = {}, 1                                # state 0: free
-    for a in present:
-        if id(a) not in offsets:
-            offsets[id(a)] = total
-            total += a.num_states - 1                     # each one's dead state is shared
-    dead = total
-    table = np.full((total + 1, C), dead, np.int32)
+        classes = refine(classes, a.token_class)
+    rep = representatives(classes)
+    offsets, dead = state_offsets(present)
+    table = np.full((dead + 1, len(rep)), dead, np.int32)
     table[0] = 0
     for a in present:
         o = offsets[id(a)]
