@@ -35,19 +35,35 @@ PARAMS_DIR = "params"
 
 
 def save_orbax(target: Target, path: str | os.PathLike, overwrite: bool = False) -> None:
+    write_checkpoint(target, path, target.params, overwrite)
+
+
+def write_checkpoint(target: Target, path: str | os.PathLike, params, overwrite: bool = False,
+                     info: dict | None = None) -> None:
+    """The checkpoint directory of ``target`` with ``params`` as its Orbax tree (a float
+    target's own, or a quantized one's stored arrays) and ``info`` added to ``jspec``."""
     with atomic_dir(path, overwrite) as tmp:
         tok = target.tokenizer
         tok_name = tok.filename if tok is not None and hasattr(tok, "save") else None
         meta = target.config.to_hf()
         meta["jspec"] = {"format": FORMAT, "version": VERSION, "params": PARAMS_DIR,
                          "tokenizer": tok_name,
-                         "tokenizer_bos_id": tok.bos_id if tok_name is not None else None}
+                         "tokenizer_bos_id": tok.bos_id if tok_name is not None else None,
+                         **(info or {})}
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=1))
         if tok_name is not None:
             tok.save(tmp / tok_name)
         ckptr = ocp.PyTreeCheckpointer()
-        ckptr.save(tmp / PARAMS_DIR, target.params)
+        ckptr.save(tmp / PARAMS_DIR, params)
         ckptr.close()
+
+
+def saved_tokenizer(d: Path, info: dict, cfg: LlamaConfig):
+    """The tokenizer a checkpoint directory holds, or None."""
+    if not info.get("tokenizer"):
+        return None
+    return load_tokenizer(d / info["tokenizer"], bos_id=info.get("tokenizer_bos_id"),
+                          eos_ids=cfg.eos_token_ids)
 
 
 @contextlib.contextmanager
@@ -175,8 +191,4 @@ def load_orbax(path: str | os.PathLike, dtype=None, progress: Progress | None = 
         raw = restore_numpy(ckptr, pdir, stored)
         flat = {p: to_param(raw[p], cfg.dtype)
                 for p in (progress or no_progress)(list(shapes), total=len(shapes))}
-    tok = None
-    if info.get("tokenizer"):
-        tok = load_tokenizer(d / info["tokenizer"], bos_id=info.get("tokenizer_bos_id"),
-                             eos_ids=cfg.eos_token_ids)
-    return Target(cfg, unflatten(flat), tok)
+    return Target(cfg, unflatten(flat), saved_tokenizer(d, info, cfg))

@@ -12,7 +12,6 @@ the numbers are the ones that were saved.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -22,13 +21,12 @@ import orbax.checkpoint as ocp
 import qwix
 
 from jspec.checkpoint.common import CheckpointError, unflatten, with_dtype
-from jspec.checkpoint.orbax_io import (CONFIG_FILE, FORMAT, PARAMS_DIR, VERSION, atomic_dir,
-                                       restore_numpy, restore_sharded, stored_tensors)
+from jspec.checkpoint.orbax_io import (PARAMS_DIR, restore_numpy, restore_sharded,
+                                       saved_tokenizer, stored_tensors, write_checkpoint)
 from jspec.config import LlamaConfig
 from jspec.quant import QWeight, as_quant_config, is_qweight, mode_of
 from jspec.serving_layout import default_stacked, pack_params, packed_param_shardings
 from jspec.target import Target
-from jspec.tokenizer import load_tokenizer
 
 
 def _key(k) -> str:
@@ -91,20 +89,8 @@ def save_quantized_orbax(target: Target, path: str | os.PathLike, overwrite: boo
     if mode is None:
         raise CheckpointError("save_quantized_orbax: the target is not quantized")
     flat, qweights = storable(pack_params(cfg, target.params, stacked=True))
-    with atomic_dir(path, overwrite) as tmp:
-        tok = target.tokenizer
-        tok_name = tok.filename if tok is not None and hasattr(tok, "save") else None
-        meta = cfg.to_hf()
-        meta["jspec"] = {"format": FORMAT, "version": VERSION, "params": PARAMS_DIR,
-                         "tokenizer": tok_name,
-                         "tokenizer_bos_id": tok.bos_id if tok_name is not None else None,
-                         "quant": {"mode": mode, "weights": qweights}}
-        (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=1))
-        if tok_name is not None:
-            tok.save(tmp / tok_name)
-        ckptr = ocp.PyTreeCheckpointer()
-        ckptr.save(tmp / PARAMS_DIR, unflatten(flat))
-        ckptr.close()
+    write_checkpoint(target, path, unflatten(flat), overwrite,
+                     {"quant": {"mode": mode, "weights": qweights}})
 
 
 def load_quantized_orbax(path: str | os.PathLike, meta: dict, dtype=None, mesh=None,
@@ -135,8 +121,4 @@ def load_quantized_orbax(path: str | os.PathLike, meta: dict, dtype=None, mesh=N
         raw = restore_numpy(ckptr, pdir, list(stored))
         flat = {p: jnp.asarray(raw[p].astype(dtypes[p], copy=False)) for p in stored}
     params = pack_params(cfg, rebuild(flat, info["quant"]["weights"]), stacked=default_stacked())
-    tok = None
-    if info.get("tokenizer"):
-        tok = load_tokenizer(d / info["tokenizer"], bos_id=info.get("tokenizer_bos_id"),
-                             eos_ids=cfg.eos_token_ids)
-    return Target(cfg, params, tok)
+    return Target(cfg, params, saved_tokenizer(d, info, cfg))
