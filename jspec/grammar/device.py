@@ -117,17 +117,27 @@ def advance(g: GrammarState | None, tokens: jax.Array, live: jax.Array) -> Gramm
     return g.replace(state=jnp.where(live, step(g, g.state, tokens), g.state))
 
 
-def node_states(g: GrammarState, tree, max_depth: int) -> Int["B N"]:
-    """The state at each node of a draft tree, from its own path: the root (already counted
-    in the row's state) is at the row's state, a node at its parent's stepped by its token.
-    Depth by depth, so each node reads its parent's finished state."""
-    B, N = tree.tokens.shape
-    s = jnp.broadcast_to(g.state[:, None], (B, N))
+def walk_tree(g: GrammarState, tree, max_depth: int, force: bool = False):
+    """``(tokens [B, N], states [B, N])``: each node's state from its own path, depth by depth
+    (the root, already counted in the row's state, at the row's state; a node at its parent's
+    stepped by its token). ``force``: a node whose parent's state allows one token only
+    takes that token first (:func:`force_tree`)."""
+    s = jnp.broadcast_to(g.state[:, None], tree.tokens.shape)
+    toks = tree.tokens
     parent = jnp.maximum(tree.parents, 0)
     for d in range(1, max_depth + 1):
         up = jnp.take_along_axis(s, parent, 1)
-        s = jnp.where(tree.depths == d, step(g, up, tree.tokens), s)
-    return s
+        at = tree.depths == d
+        if force:
+            f = g.forced[up]
+            toks = jnp.where(at & (f >= 0), f, toks)
+        s = jnp.where(at, step(g, up, toks), s)
+    return toks, s
+
+
+def node_states(g: GrammarState, tree, max_depth: int) -> Int["B N"]:
+    """The state at each node of a draft tree (:func:`walk_tree`)."""
+    return walk_tree(g, tree, max_depth)[1]
 
 
 def mask_tree(g: GrammarState | None, tree, logits, max_depth: int):
@@ -156,16 +166,7 @@ def force_tree(g: GrammarState | None, tree, max_depth: int):
     whose masked distribution there is that token with probability 1, accepts them."""
     if g is None:
         return tree
-    s = jnp.broadcast_to(g.state[:, None], tree.tokens.shape)
-    toks = tree.tokens
-    parent = jnp.maximum(tree.parents, 0)
-    for d in range(1, max_depth + 1):
-        up = jnp.take_along_axis(s, parent, 1)
-        at = tree.depths == d
-        f = g.forced[up]
-        toks = jnp.where(at & (f >= 0), f, toks)
-        s = jnp.where(at, step(g, up, toks), s)
-    return tree.replace(tokens=toks)
+    return tree.replace(tokens=walk_tree(g, tree, max_depth, force=True)[0])
 
 
 def draft_logits(g: GrammarState | None, states, logits, draft_to_target=None):
