@@ -217,7 +217,7 @@ class PlainDecoder:
         state, if any: the renormalized allowed distribution) and emit it."""
         finite = finite_rows(logits)
         g = s.grammar
-        logits = grammar.mask_logits(g, None if g is None else g.state, logits)
+        logits = grammar.mask_rows(g, logits)
         tok = sample(logits, row_step_keys(s), self.sampling, s.sampling)
         s = s.replace(grammar=grammar.advance(g, tok, ~s.done))
         return emit(s, tok, stop_ids, max_new, finite, self.token_logprobs(logits, tok))

@@ -210,8 +210,11 @@ class Plan:
         args = self.call_args(key)
         if not self.bucketed:
             kw = {} if self.grammar is None else {"grammar": self.grammar}
-            return self.decoder.run(*args, **kw), None
-        return self.executable(args)(*args, **self.runtime_kwargs), None
+            out = self.decoder.run(*args, **kw)
+        else:
+            out = self.executable(args)(*args, **self.runtime_kwargs)
+        constraint.close(self.grammar, out)      # a host grammar's matchers serve one run
+        return out, None
 
     @property
     def runtime_kwargs(self) -> dict:

@@ -154,7 +154,7 @@ class SpecDecoder:
                                                       attend)
             logits = lm_logits(c, params, chunk.take_last(hidden))
             g = grammar_state
-            logits = grammar.mask_logits(g, None if g is None else g.state, logits)
+            logits = grammar.mask_rows(g, logits)
             # (logits, first token) of the rows whose last prompt position is in this chunk.
             last = chunked.keep_last(chunk, (logits, sample(logits, keys0, self.sampling, rows)),
                                      last)
@@ -302,7 +302,7 @@ class SpecDecoder:
             dstate = self.drafter.extend(dparams, (self.config, params), s.draft, acc_feats,
                                          toks, n, kernels=self.kernels)
         hist = s.accept_hist.at[jnp.arange(toks.shape[0]), n].add(live.astype(jnp.int32))
-        g = grammar.after_accept(s.grammar, node_states, idx, n, bonus, live)
+        g = grammar.after_accept(s.grammar, node_states, idx, n, bonus, live, toks)
         s = s.replace(cache=cache, draft=dstate, root=jnp.where(live, bonus, s.root), grammar=g,
                       iterations=s.iterations + live.astype(jnp.int32), accept_hist=hist,
                       accept_by_pos=position_stats.record(s.accept_by_pos, s.cache.lengths, n,
@@ -340,7 +340,7 @@ class SpecDecoder:
             row_keys=row_keys, accept_by_pos=position_stats.empty(B),
             logprobs=None if self.logprobs_k is None else
             logprobs.empty(B, self.max_new_tokens + S + 1, self.logprobs_k), sampling=rows,
-            grammar=grammar.advance(grammar_state, first, finite))
+            grammar=grammar.advance(grammar.widened(grammar_state, S + 1), first, finite))
         return self.emit(s, first[:, None], finite.astype(jnp.int32), stop_ids, max_new, finite,
                          first_lp)
 

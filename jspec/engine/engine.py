@@ -160,7 +160,7 @@ class Engine(LiveEngine):
         self.syncs = 0                  # drafter catch-ups run (Programs.sync)
         self.lazy_inserts = 0           # inserts without the drafter's prefill (_lazy)
         self._behind: set[int] = set()  # slots whose drafter plain chunks left behind
-        self.grammars = SlotGrammars(target.config.vocab_size)    # response_format tables
+        self.grammars = SlotGrammars(target.config.vocab_size, B, S + 1)  # response_format
         self._live_init()
 
     # ------------------------------------------------------------------ requests

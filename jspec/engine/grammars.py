@@ -8,6 +8,12 @@ refined anew (a host rebuild, then one upload). The table's shape is rounded up 
 two, so the programs recompile only when it outgrows its bucket. Once it would pass
 :data:`COMPACT_AT` states, the automata no live slot uses are dropped and the live slots'
 states renumbered.
+
+A request with a context-free grammar (:mod:`jspec.grammar.host`) sits in the free state; its
+matcher is the slot's row of the engine's host session, opened with the first such request
+and kept for the engine's life. From then on every insert and decode carries the slots'
+recent tokens (``SlotState.grammar_host``) and every decode makes the host callback (rows
+without a matcher get every token allowed).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from jspec.grammar import host
 from jspec.grammar.constraint import compile_row, padded_state
 from jspec.grammar.device import state_offsets
 
@@ -22,23 +29,34 @@ COMPACT_AT = 4096
 
 
 class SlotGrammars:
-    def __init__(self, vocab_size: int):
+    def __init__(self, vocab_size: int, slots: int, width: int):
         self.vocab_size = vocab_size
+        self.slots = slots
+        self.width = width                # recent tokens a host row keeps (max depth + 1)
         self.automata: list = []          # in offset order
         self.tables = None                # a GrammarState (its ``state`` unused), or None
         self.of_slot: dict[int, object] = {}
+        self.session: int | None = None   # the host session, once a request needed one
 
     def _offsets(self) -> dict[int, int]:
         return state_offsets(self.automata)[0]  # the offsets padded_state's table uses
 
     def _rebuild(self) -> None:
-        self.tables = padded_state(self.automata, self.vocab_size)
+        self.tables = padded_state(self.automata, self.vocab_size,
+                                   always=self.session is not None)
 
     def initial(self, slot: int, automaton) -> tuple[int, dict | None]:
         """``(the slot's initial state, a renumbering {old: new} of live states or None)``
-        for a request with ``automaton`` (None: unconstrained) inserted into ``slot``."""
+        for a request with ``automaton`` (None: unconstrained; or a host grammar) inserted
+        into ``slot``."""
         self.of_slot.pop(slot, None)
-        if automaton is None:
+        if isinstance(automaton, host.HostGrammar) and self.session is None:
+            self.session = host.open_session([None] * self.slots, self.vocab_size)
+            self._rebuild()
+        if self.session is not None:
+            host.session(self.session).set_row(
+                slot, automaton if isinstance(automaton, host.HostGrammar) else None)
+        if automaton is None or isinstance(automaton, host.HostGrammar):
             return 0, None
         renumber = None
         if all(a is not automaton for a in self.automata):
@@ -65,6 +83,12 @@ class SlotGrammars:
 
     def release(self, slot: int) -> None:
         self.of_slot.pop(slot, None)
+        if self.session is not None:
+            host.session(self.session).set_row(slot, None)
+
+    def close(self) -> None:
+        if self.session is not None:
+            host.close_session(self.session)
 
 
 def renumbered(states: np.ndarray, mapping: dict, dead: int) -> np.ndarray:
@@ -95,4 +119,10 @@ def insert_grammar(grammars: SlotGrammars, slot: int, automaton, state):
         dead = grammars.tables.next_state.shape[0] - 1
         states = renumbered(np.asarray(state.grammar_state), mapping, dead)
         state = state.replace(grammar_state=jnp.asarray(states))
-    return grammars.tables.replace(state=jnp.asarray([init], jnp.int32)), state
+    rows = None
+    if grammars.session is not None:
+        rows = host.rows_state(grammars.session, [slot], grammars.width)
+        if state.grammar_host is None:
+            state = state.replace(grammar_host=host.rows_state(
+                grammars.session, range(grammars.slots), grammars.width))
+    return grammars.tables.replace(state=jnp.asarray([init], jnp.int32), host=rows), state

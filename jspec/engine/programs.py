@@ -64,6 +64,9 @@ class SlotState:
     # [B]: each slot's grammar state in the engine's grammar table (jspec.engine.grammars;
     # 0: free), read by the programs that are given the table.
     grammar_state: Any = None
+    # The slots' recent tokens for their host matchers (jspec.grammar.host.HostRows), once
+    # the engine has a host session; None before.
+    grammar_host: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +114,7 @@ class Programs:
         return self.drafter is not None and self.drafter.prefill_is_extend
 
     def _row(self, cache, dstate, first, keys, finite, stops, max_new, drafted=None,
-             prompt=None, first_lp=None, rows=None, gstate=None) -> SlotState:
+             prompt=None, first_lp=None, rows=None, gstate=None, ghost=None) -> SlotState:
         b = first.shape[0]
         width = self.max_new_tokens + self.max_depth + 1
         s = SpecState(cache=cache, draft=dstate, root=first,
@@ -127,7 +130,8 @@ class Programs:
                        next_slots=self.max_nodes, finite=finite, lp=first_lp)
         return SlotState(core=s, stop_ids=stops, max_new=max_new,
                          drafted=cache.lengths if drafted is None else drafted, prompt=prompt,
-                         grammar_state=jnp.zeros((b,), jnp.int32) if gstate is None else gstate)
+                         grammar_state=jnp.zeros((b,), jnp.int32) if gstate is None else gstate,
+                         grammar_host=ghost)
 
     # ---------------------------------------------------------------- programs
     @functools.partial(jax.jit, static_argnames=("self",))
@@ -190,7 +194,7 @@ class Programs:
             dec = PlainDecoder(c, self.sampling, self.max_new_tokens, self.page_size,
                                self.num_pages, prefill_chunk=self.prefill_chunk)
             logits, cache = dec.prefill(params, prompt, prompt_len, cache)
-            logits = gdev.mask_logits(grammar, None if grammar is None else grammar.state, logits)
+            logits = gdev.mask_rows(grammar, logits)
             first = sample(logits, jax.vmap(jax.random.fold_in)(key, jnp.zeros((1,), jnp.int32)),
                            self.sampling, rows)
             finite = finite_rows(logits)
@@ -201,8 +205,13 @@ class Programs:
             cache, dstate, first, key, finite, first_lp = dec.prefill_into(
                 params, dparams, cache, dstate, prompt, prompt_len, key, rows, grammar)
         g = gdev.advance(grammar, first, finite)
+        ghost = None if g is None else g.host
+        if ghost is None and state.grammar_host is not None:   # warm/scrub: a blank host row
+            ghost = state.grammar_host.replace(
+                index=slot[None], recent=jnp.zeros_like(state.grammar_host.recent[:1]),
+                count=jnp.zeros((1,), jnp.int32))
         row = self._row(cache, dstate, first, key, finite, stops, max_new, drafted, kept,
-                        first_lp, rows, None if g is None else g.state)
+                        first_lp, rows, None if g is None else g.state, ghost)
         return self.pinned(R.put(state, row, slot[None], self.slots))
 
     @functools.partial(jax.jit, static_argnames=("self", "spec"), donate_argnames=("state",))
@@ -219,7 +228,7 @@ class Programs:
         sub = R.take(state, rows, self.slots)
         if grammar is not None:
             sub = sub.replace(core=sub.core.replace(grammar=grammar.replace(
-                state=sub.grammar_state)))
+                state=sub.grammar_state, host=sub.grammar_host)))
         if spec == PLAIN:
             core = self.plain_chunk(params, sub)
             drafted = sub.drafted
@@ -232,7 +241,7 @@ class Programs:
         # must write nothing more while it rides along in later chunks.
         core = R.release(core, core.done)
         if grammar is not None:
-            sub = sub.replace(grammar_state=core.grammar.state)
+            sub = sub.replace(grammar_state=core.grammar.state, grammar_host=core.grammar.host)
             core = core.replace(grammar=None)
         return self.pinned(R.put(state, sub.replace(core=core, drafted=drafted), rows,
                                  self.slots))
@@ -316,7 +325,7 @@ class Programs:
         logits = lm_logits(c, params, hidden[:, 0])
         finite = finite_rows(logits)
         g = s.grammar
-        logits = gdev.mask_logits(g, None if g is None else g.state, logits)
+        logits = gdev.mask_rows(g, logits)
         tok = sample(logits, jax.vmap(jax.random.fold_in)(s.row_keys, s.num_generated),
                      self.sampling, s.sampling)
         n = live.astype(jnp.int32)

@@ -1,10 +1,11 @@
 """Structured output: a ``response_format`` (JSON schema, JSON object, regex, choice) compiled
 to a token-level automaton whose tables live on the device, so that plain and speculative
-decoding mask every position by its own grammar state inside the compiled loop.
+decoding mask every position by its own grammar state inside the compiled loop; a
+context-free grammar (type ``grammar``) runs on a host matcher instead (:mod:`.host`).
 
 ``compile_format(response_format, tokenizer, vocab_size, stop_ids)`` returns a
-:class:`TokenAutomaton` (cached: a repeated format compiles once); :mod:`jspec.grammar.device`
-holds what the loops call. See docs/structured_output.md.
+:class:`TokenAutomaton` or a :class:`HostGrammar` (cached: a repeated format compiles once);
+:mod:`jspec.grammar.device` holds what the loops call. See docs/structured_output.md.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import time
 from typing import Any, Sequence
 
 from jspec.grammar.automaton import GrammarError, TokenAutomaton, from_index
-from jspec.grammar.formats import to_regex
+from jspec.grammar.formats import to_lark, to_regex
+from jspec.grammar.host import HostGrammar, compile_lark
 from jspec.grammar.vocab import token_bytes
 
-__all__ = ["GrammarError", "TokenAutomaton", "compile_format", "compile_regex", "to_regex",
+__all__ = ["GrammarError", "TokenAutomaton", "HostGrammar", "compile_format", "compile_regex",
+           "to_regex", "to_lark",
            "token_bytes", "CACHE_STATS"]
 
 _CACHE: collections.OrderedDict = collections.OrderedDict()
@@ -59,21 +62,25 @@ def compile_regex(regex: str, tokenizer, vocab_size: int, stop_ids: Sequence[int
 
 
 def compile_format(response_format: Any, tokenizer, vocab_size: int,
-                   stop_ids: Sequence[int]) -> TokenAutomaton | None:
-    """``response_format``'s automaton (None: unconstrained), from a cache keyed by the format,
-    the tokenizer and the stop ids."""
-    regex = to_regex(response_format)
-    if regex is None:
+                   stop_ids: Sequence[int]) -> TokenAutomaton | HostGrammar | None:
+    """``response_format``'s automaton, or its host grammar for a context-free one (None:
+    unconstrained), from a cache keyed by the format, the tokenizer and the stop ids."""
+    lark = to_lark(response_format)
+    regex = to_regex(response_format) if lark is None else None
+    if regex is None and lark is None:
         return None
     if tokenizer is None:
         raise GrammarError("structured output needs the target's tokenizer")
-    key = (regex, id(tokenizer), vocab_size, tuple(sorted(stop_ids)))
+    key = (regex, lark, id(tokenizer), vocab_size, tuple(sorted(stop_ids)))
     with _LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
             CACHE_STATS["hits"] += 1
             return _CACHE[key]
-    a = compile_regex(regex, tokenizer, vocab_size, stop_ids)
+    if lark is not None:
+        a = compile_lark(lark, tokenizer, vocab_size, stop_ids)
+    else:
+        a = compile_regex(regex, tokenizer, vocab_size, stop_ids)
     with _LOCK:
         _CACHE[key] = a
         while len(_CACHE) > CACHE_SIZE:

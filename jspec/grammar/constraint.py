@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.grammar import compile_format, device
-from jspec.grammar.automaton import GrammarError
+from jspec.grammar import compile_format, device, host
+from jspec.grammar.automaton import GrammarError, TokenAutomaton
 
 
 def _bucket(n: int, least: int) -> int:
@@ -28,12 +29,22 @@ def row_formats(response_format: Any, B: int) -> list:
     return [response_format] * B
 
 
-def padded_state(automata, vocab_size: int) -> device.GrammarState | None:
+def padded_state(grammars, vocab_size: int, always: bool = False
+                 ) -> device.GrammarState | None:
     """The device state of a batch's grammars (None when no row has one: then nothing
     grammar-related is traced), the table rounded up to power-of-two states and classes (at
-    least 64 and 128): the padding rows are dead, the padding classes unused."""
-    if all(a is None for a in automata):
+    least 64 and 128): the padding rows are dead, the padding classes unused. Rows with a
+    :class:`jspec.grammar.HostGrammar` get a host session (closed by :func:`close`).
+    ``always``: a (free) table even without a grammar (the engine's, once it has host rows)."""
+    if all(a is None for a in grammars) and not always:
         return None
+    automata = [a if isinstance(a, TokenAutomaton) else None for a in grammars]
+    on_host = [isinstance(a, host.HostGrammar) for a in grammars]
+    rows = None
+    if any(on_host):
+        sid = host.open_session([a if h else None for a, h in zip(grammars, on_host)],
+                                vocab_size)
+        rows = host.rows_state(sid, range(len(grammars)))
     table, classes, initial = device.stack(automata, vocab_size)
     S, C = table.shape
     Sp, Cp = _bucket(S, 64), _bucket(C, 128)
@@ -42,7 +53,15 @@ def padded_state(automata, vocab_size: int) -> device.GrammarState | None:
     out[:S, :C] = np.where(table == S - 1, dead, table)
     return device.GrammarState(jnp.asarray(out), jnp.asarray(classes),
                                jnp.asarray(device.forced_tokens(out, classes)),
-                               jnp.asarray(initial))
+                               jnp.asarray(initial), rows)
+
+
+def close(g: device.GrammarState | None, result=None) -> None:
+    """Once ``result`` (the run that used ``g``) is computed, ``g``'s host matchers, if any,
+    are dropped."""
+    if g is not None and g.host is not None:
+        jax.block_until_ready(result)
+        host.close_session(int(g.host.session))
 
 
 def compile_row(target, fmt, stops, who: str):

@@ -6,17 +6,22 @@ one table, each at its own state offset, over classes refined jointly. State 0 i
 token allowed, stop ids included, and it stays 0): a row without a grammar sits there. The
 last state is the shared dead state. Everything here is a table lookup, so the masks of all
 the tree's nodes cost one gather, inside the loop, with no host round trip.
+
+Rows with a context-free grammar sit in the free state and are masked, in addition, by their
+host matchers (``GrammarState.host``, :mod:`jspec.grammar.host`): the functions below that
+mask, advance or accept carry them along, so the loops call one API for both paths.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jspec.grammar import host as hostg
 from jspec.grammar.automaton import TokenAutomaton, refine, representatives
 from jspec.shapes import Bool, Int
 
@@ -27,6 +32,9 @@ class GrammarState:
     token_class: Int["V"]
     forced: Int["S"]           # the one token a state allows, or -1 (none, or several)
     state: Int["B"]            # each row's state after every token it has emitted
+    # The rows' host matchers (jspec.grammar.host.HostRows); None: no row has one, and no
+    # callback is traced.
+    host: Any = None
 
     @property
     def dead(self):
@@ -96,14 +104,28 @@ def allowed(g: GrammarState, states: jax.Array) -> Bool["..."]:
 FORBIDDEN = -1e30
 
 
-def mask_logits(g: GrammarState | None, states: jax.Array | None, logits: jax.Array) -> jax.Array:
-    """``logits [..., V]`` with the tokens ``states [...]`` forbids at :data:`FORBIDDEN`;
-    unchanged without a grammar. Softmax of the result is the target's distribution
-    renormalized over the allowed tokens, which is what every sampling path must use
-    (lossless under a grammar)."""
+def masked(ok: jax.Array, logits: jax.Array) -> jax.Array:
+    """``logits`` with the tokens ``ok`` forbids at :data:`FORBIDDEN`. Softmax of the result is
+    the target's distribution renormalized over the allowed tokens, which is what every
+    sampling path must use (lossless under a grammar)."""
+    return jnp.where(ok, logits, jnp.asarray(FORBIDDEN, logits.dtype))
+
+
+def mask_rows(g: GrammarState | None, logits: jax.Array) -> jax.Array:
+    """``logits [B, V]`` masked by each row's current state: the next token's distribution."""
     if g is None:
         return logits
-    return jnp.where(allowed(g, states), logits, jnp.asarray(FORBIDDEN, logits.dtype))
+    ok = allowed(g, g.state)
+    if g.host is not None:
+        root = jnp.zeros(logits.shape[:1], jnp.int32)
+        ok &= hostg.tree_allowed(g.host, root[:, None], root[:, None] - 1,
+                                 logits.shape[-1])[:, 0]
+    return masked(ok, logits)
+
+
+def widened(g: GrammarState | None, width: int) -> GrammarState | None:
+    """``g`` whose host rows keep ``width`` recent tokens (what a loop emits per pass)."""
+    return None if g is None else g.replace(host=hostg.widened(g.host, width))
 
 
 def step(g: GrammarState, states: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -114,7 +136,8 @@ def advance(g: GrammarState | None, tokens: jax.Array, live: jax.Array) -> Gramm
     """Each live row's state after its new ``tokens [B]``."""
     if g is None:
         return None
-    return g.replace(state=jnp.where(live, step(g, g.state, tokens), g.state))
+    return g.replace(state=jnp.where(live, step(g, g.state, tokens), g.state),
+                     host=hostg.record(g.host, tokens[:, None], live.astype(jnp.int32)))
 
 
 def walk_tree(g: GrammarState, tree, max_depth: int, force: bool = False):
@@ -147,17 +170,23 @@ def mask_tree(g: GrammarState | None, tree, logits, max_depth: int):
     if g is None:
         return logits, None
     states = node_states(g, tree, max_depth)
-    return mask_logits(g, states, logits), states
+    ok = allowed(g, states)
+    if g.host is not None:
+        ok &= hostg.tree_allowed(g.host, tree.tokens, tree.parents, logits.shape[-1])
+    return masked(ok, logits), states
 
 
-def after_accept(g: GrammarState | None, states, idx, n, bonus, live) -> GrammarState | None:
-    """The rows' states once a verify pass emitted its ``n [B]`` tokens: the last accepted
-    node's state (``idx [B, S+1]``: the path's nodes), stepped by the bonus token."""
+def after_accept(g: GrammarState | None, states, idx, n, bonus, live, toks
+                 ) -> GrammarState | None:
+    """The rows' states once a verify pass emitted its ``n [B]`` tokens ``toks [B, S+1]``:
+    the last accepted node's state (``idx [B, S+1]``: the path's nodes), stepped by the bonus
+    token; the host rows record the tokens."""
     if g is None:
         return None
     at = jnp.take_along_axis(states, jnp.maximum(idx, 0), 1)
     last = jnp.take_along_axis(at, jnp.maximum(n - 1, 0)[:, None], 1)[:, 0]
-    return g.replace(state=jnp.where(live & (n > 0), step(g, last, bonus), g.state))
+    return g.replace(state=jnp.where(live & (n > 0), step(g, last, bonus), g.state),
+                     host=hostg.record(g.host, toks, jnp.where(live, n, 0)))
 
 
 def force_tree(g: GrammarState | None, tree, max_depth: int):
@@ -177,7 +206,7 @@ def draft_logits(g: GrammarState | None, states, logits, draft_to_target=None):
     ok = allowed(g, states)
     if draft_to_target is not None:
         ok = jnp.take(ok, draft_to_target, axis=-1)
-    return jnp.where(ok, logits, jnp.asarray(FORBIDDEN, logits.dtype))
+    return masked(ok, logits)
 
 
 def child_states(g: GrammarState | None, states, tokens):

@@ -9,8 +9,9 @@ expression a token automaton is built from, checked before anything compiles.
   recursion: a regular grammar);
 - ``{"type": "regex", "regex": "..."}``;
 - ``{"type": "choice", "choices": ["a", "b"]}``: exactly one of the strings;
-- ``{"type": "grammar", "grammar": "..."}``: a context-free grammar (Lark/EBNF), which no
-  finite table holds; refused with a clear error until the host path exists.
+- ``{"type": "grammar", "grammar": "..."}``: a context-free grammar in llguidance's Lark
+  dialect, which no finite table holds: :func:`to_lark` gives it to the host path
+  (:mod:`jspec.grammar.host`).
 """
 
 from __future__ import annotations
@@ -62,7 +63,14 @@ def to_regex(fmt: Any) -> str | None:
             raise GrammarError("response_format choices must be non-empty strings")
         return "(" + "|".join(re.escape(c) for c in choices) + ")"
     if kind == "grammar":
-        raise GrammarError("context-free grammars (type 'grammar') need the host matcher, "
-                           "which this build does not have yet; regular grammars (json_schema, "
-                           "json_object, regex, choice) run on the device")
+        raise GrammarError("a context-free grammar (type 'grammar') has no regex: it runs on "
+                           "the host matcher (jspec.grammar.formats.to_lark)")
     raise GrammarError(f"unknown response_format type {kind!r} (one of {', '.join(TYPES)})")
+
+
+def to_lark(fmt: Any) -> str | None:
+    """The Lark grammar of a ``{"type": "grammar"}`` format (the host path), or None for every
+    other format (those have a regex: :func:`to_regex`)."""
+    if isinstance(fmt, dict) and fmt.get("type") == "grammar":
+        return _need(fmt, "grammar", str, 'a non-empty "grammar" string (Lark)')
+    return None
