@@ -74,10 +74,12 @@ def add_response_format_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("structured output (jspec.grammar; one of)")
     x = g.add_mutually_exclusive_group()
     x.add_argument("--response-format", metavar="JSON", help="an OpenAI-style response_format "
-                   "object, inline or @FILE (json_object, json_schema, regex, choice)")
+                   "object, inline or @FILE (json_object, json_schema, regex, choice, grammar)")
     x.add_argument("--json-schema", metavar="FILE", help="a JSON schema file: output validates")
     x.add_argument("--regex", help="output fully matches this regex")
     x.add_argument("--choices", help="comma-separated: output is exactly one of them")
+    x.add_argument("--grammar", metavar="FILE", help="a context-free grammar in llguidance's "
+                   "Lark dialect: output is a sentence of it (matched on the host)")
 
 
 def response_format_of(args) -> dict | None:
@@ -101,4 +103,6 @@ def response_format_of(args) -> dict | None:
         return {"type": "regex", "regex": args.regex}
     if args.choices:
         return {"type": "choice", "choices": [c for c in args.choices.split(",") if c]}
+    if args.grammar:
+        return {"type": "grammar", "grammar": Path(args.grammar).read_text()}
     return None

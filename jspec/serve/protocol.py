@@ -128,9 +128,10 @@ class ChatRequest(SamplingFields):
         if self.tools:
             raise APIError("tools are not supported", param="tools")
         kind = (self.response_format or {}).get("type", "text")
-        if kind not in ("text", "json_object", "json_schema", "regex", "choice"):
+        if kind not in ("text", "json_object", "json_schema", "regex", "choice", "grammar"):
             raise APIError(f"response_format type {kind!r} is not supported (text, json_object, "
-                           "json_schema; and jspec's regex, choice)", param="response_format")
+                           "json_schema; and jspec's regex, choice, grammar)",
+                           param="response_format")
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
 

@@ -188,7 +188,8 @@ def test_runner_records_take_grammars(target, stories_dir, tmp_path):
 
 
 def test_generate_cli_takes_a_grammar(stories_dir, tmp_path, capsys):
-    """``python -m jspec generate --regex / --choices / --json-schema / --response-format``,
+    """``python -m jspec generate --regex / --choices / --json-schema / --response-format /
+    --grammar``,
     and a bad one is one line on stderr with status 2."""
     import json
     from jspec.cli import main
@@ -203,5 +204,10 @@ def test_generate_cli_takes_a_grammar(stories_dir, tmp_path, capsys):
         assert main(base + flags) == 0
         out = json.loads(capsys.readouterr().out)
         assert matches(fmt, out["text"][0]), (flags, out["text"])
+    lark = tmp_path / "g.lark"
+    lark.write_text('start: "(" inner ")"\ninner: "cat" | "(" inner ")"\n')
+    assert main(base + ["--grammar", str(lark)]) == 0
+    text = json.loads(capsys.readouterr().out)["text"][0]
+    assert re.fullmatch(r"(\(+)cat(\)+)", text) and text.count("(") == text.count(")"), text
     assert main(base + ["--response-format", "{nope"]) == 2
     assert "not JSON" in capsys.readouterr().err

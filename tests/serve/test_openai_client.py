@@ -231,6 +231,7 @@ def test_bad_completion_requests_are_400(client, kw, match):
     (dict(response_format={"type": "yaml"}), "response_format"),
     (dict(response_format={"type": "json_schema", "json_schema": {
         "name": "n", "schema": {"type": "integer", "multipleOf": 3}}}), "multipleOf"),
+    (dict(response_format={"type": "grammar", "grammar": "start: no_such_rule"}), "bad grammar"),
 ])
 def test_bad_chat_requests_are_400(client, kw, match):
     kw = {"model": MODEL, "messages": CHAT, "max_tokens": 4, **kw}
@@ -340,3 +341,16 @@ def test_response_format_json_schema_parses_and_validates(client, stream):
         assert r.choices[0].finish_reason == "stop"
         text = r.choices[0].message.content
     jsonschema.validate(json.loads(text), schema)
+
+
+def test_response_format_grammar_follows_the_grammar(client):
+    """A context-free grammar (jspec's ``{"type": "grammar"}``, the host path)."""
+    lark = 'start: "(" inner ")"\ninner: "x" | "(" inner ")"\n'
+    r = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=24,
+                                       response_format={"type": "grammar", "grammar": lark})
+    text = r.choices[0].message.content
+    if r.choices[0].finish_reason == "stop":
+        depth = len(text) // 2
+        assert depth >= 1 and text == "(" * depth + "x" + ")" * depth, text
+    else:
+        assert set(text) <= set("(x)"), text
