@@ -5,8 +5,10 @@ expression a token automaton is built from, checked before anything compiles.
 - ``{"type": "json_object"}``: any JSON object (outlines-core's regex for ``{"type":
   "object"}``, nesting bounded as it bounds it);
 - ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}``: outlines-core's
-  ``build_regex_from_schema`` with numeric bounds enforced (:mod:`jspec.grammar.schema`; no
-  recursion: a regular grammar);
+  ``build_regex_from_schema`` with numeric bounds enforced (:mod:`jspec.grammar.schema`); a
+  recursive schema (a ``$ref`` cycle: trees, nested lists) is not regular, and outlines-core
+  would silently cut its nesting at a fixed depth, so it goes to the host path instead
+  (llguidance's ``%json``, nesting unbounded);
 - ``{"type": "regex", "regex": "..."}``;
 - ``{"type": "choice", "choices": ["a", "b"]}``: exactly one of the strings;
 - ``{"type": "grammar", "grammar": "..."}``: a context-free grammar in llguidance's Lark
@@ -16,6 +18,7 @@ expression a token automaton is built from, checked before anything compiles.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -69,8 +72,46 @@ def to_regex(fmt: Any) -> str | None:
 
 
 def to_lark(fmt: Any) -> str | None:
-    """The Lark grammar of a ``{"type": "grammar"}`` format (the host path), or None for every
-    other format (those have a regex: :func:`to_regex`)."""
-    if isinstance(fmt, dict) and fmt.get("type") == "grammar":
+    """The Lark grammar of a format that runs on the host path (a ``{"type": "grammar"}``, or a
+    recursive JSON schema), or None for every other format (those have a regex:
+    :func:`to_regex`)."""
+    if not isinstance(fmt, dict):
+        return None
+    if fmt.get("type") == "grammar":
         return _need(fmt, "grammar", str, 'a non-empty "grammar" string (Lark)')
+    schema = (fmt.get("json_schema") or {}).get("schema") if fmt.get("type") == "json_schema" \
+        else None
+    if isinstance(fmt.get("json_schema"), dict) and isinstance(schema, dict) \
+            and recursive(schema):
+        # Separators fixed as json.dumps writes them: with llguidance's default (any
+        # whitespace anywhere) a weak model can pad with newlines until it runs out of tokens.
+        style = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+        return "start: %json " + json.dumps({**schema, "x-guidance": style})
     return None
+
+
+def recursive(schema: dict) -> bool:
+    """Whether a local ``$ref`` (``#/...``) of ``schema`` reaches itself."""
+    def resolve(ref: str):
+        node = schema
+        for part in ref[1:].split("/")[1:]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        return node
+
+    def walk(node, refs: frozenset) -> bool:
+        if isinstance(node, list):
+            return any(walk(v, refs) for v in node)
+        if not isinstance(node, dict):
+            return False
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            if ref in refs:
+                return True
+            try:
+                if walk(resolve(ref), refs | {ref}):
+                    return True
+            except (KeyError, IndexError, ValueError, TypeError):
+                pass                  # a dangling ref: the schema compiler reports it
+        return any(walk(v, refs) for k, v in node.items() if k != "$ref")
+    return walk(schema, frozenset())

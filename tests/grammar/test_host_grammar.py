@@ -147,3 +147,24 @@ def test_a_failed_matcher_fails_the_step(target):
     with pytest.raises(RuntimeError, match="matcher failed"):
         s.masks(np.array([0]), np.array([[bad]]), np.array([1]), np.zeros((1, 1), np.int32),
                 np.full((1, 1), -1))
+
+
+def test_a_recursive_json_schema_takes_the_host_path(target):
+    """A ``$ref`` cycle is not regular (outlines-core would cut the nesting at a fixed depth):
+    it runs on the host path, and complete outputs validate."""
+    import json
+
+    import jsonschema
+    from jspec.grammar import HostGrammar, compile_format
+    tree = {"type": "object", "additionalProperties": False, "required": ["n", "kids"],
+            "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
+                           "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "tree", "schema": tree}}
+    V = target.config.vocab_size
+    assert isinstance(compile_format(fmt, target.tokenizer, V, [EOS]), HostGrammar)
+    res = jspec.generate(target, PROMPTS[:2], max_new_tokens=NEW, stop_ids=[EOS],
+                         response_format=fmt, temperature=1.0, seed=3)
+    done = [t for t, s in zip(res.text, res.stats) if s["stop_reason"] == "stop_token"]
+    assert done, res.text
+    for text in done:
+        jsonschema.validate(json.loads(text), tree)
