@@ -4,10 +4,15 @@
   asked for in a chat request, greedy and sampled (temperature 0.8); every output is checked
   with ``jsonschema`` / ``re.fullmatch``; each automaton's states, token classes, device bytes
   and build seconds beside it (and the dense ``[states, vocab]`` table it replaces);
+* **table sizes at another vocabulary** (``--vocab``: a tokenizer.json or a GGUF, e.g.
+  llama.cpp's vocabulary-only ``ggml-vocab-llama-bpe.gguf``, Llama-3's 128,256 tokens);
 * **speed**, batch 1 on the JSON requests: unconstrained and constrained plain decoding and
   EAGLE-3 speculation (a trained head with ``--drafter``, else a random one: its drafts are
-  right where the grammar narrows the choice), tok/s, accept length, the tokens the grammar
-  forced per verify pass, and whether constrained speculation equals constrained plain.
+  right where the grammar narrows the choice), each grammar on the device path (its table)
+  and on the host path (the same schema as llguidance's ``%json``); tok/s, accept length,
+  the tokens the grammar forced per verify pass, and whether constrained speculation equals
+  constrained plain on the same path;
+* **the engine at 8 slots** serving the first 8 JSON requests at once, the same cases.
 
 ``python -m jspec.bench grammar --model smollm2``
 """
@@ -31,6 +36,9 @@ def add_args(s) -> None:
     s.add_argument("--drafter", default=None, help="an EAGLE-3 head's directory (default: random)")
     s.add_argument("--json", default=None, help="write the rows here")
     s.add_argument("--skip-valid", action="store_true", help="the speed table only")
+    s.add_argument("--vocab", default=None, help="also build every automaton over this "
+                   "tokenizer (tokenizer.json or GGUF) and report its table sizes")
+    s.add_argument("--engine-slots", type=int, default=8, help="0: skip the engine table")
 
 
 def valid(fmt, text: str) -> bool:
@@ -73,6 +81,41 @@ def validity(target, reqs, a) -> list[dict]:
     return rows
 
 
+def load_vocab(path: str):
+    """A tokenizer from a tokenizer.json, a llama2.c .bin, or a GGUF (vocabulary-only ones
+    included); its vocabulary size."""
+    if path.endswith(".gguf"):
+        import gguf
+        from jspec.checkpoint.gguf_tokenizer import gguf_tokenizer
+        tok = gguf_tokenizer(gguf.GGUFReader(path))
+    else:
+        from jspec.tokenizer import load_tokenizer
+        tok = load_tokenizer(path)
+    return tok, tok.vocab_size
+
+
+def tables_at(path: str, reqs) -> list[dict]:
+    """Each format's automaton over another tokenizer (the end-of-turn stop id: its last id;
+    the stop class's size does not depend on which)."""
+    from jspec.grammar import compile_format
+    tok, V = load_vocab(path)
+    rows = []
+    for name, _, fmt in reqs:
+        t0 = time.perf_counter()
+        auto = compile_format(fmt, tok, V, [V - 1])
+        rows.append({"format": name, "vocab": V, "states": auto.num_states,
+                     "classes": auto.num_classes, "table KB": auto.nbytes / 1e3,
+                     "dense MB": auto.num_states * V * 4 / 1e6,
+                     "build s": time.perf_counter() - t0})
+    return rows
+
+
+def host_of(fmt: dict) -> dict:
+    """The same JSON schema as a context-free grammar: the host path."""
+    from jspec.grammar.formats import json_lark
+    return {"type": "grammar", "grammar": json_lark(fmt["json_schema"]["schema"])}
+
+
 def forced_per_pass(target, fmt, tokens, iterations) -> float:
     """Tokens emitted from states that allow one token only, per verify pass."""
     from jspec.grammar import compile_format
@@ -85,15 +128,17 @@ def forced_per_pass(target, fmt, tokens, iterations) -> float:
     return forced / max(iterations, 1)
 
 
-def speed(target, reqs, a) -> list[dict]:
+def drafter_for(target, a):
     import jax
-
-    import jspec
-    from jspec.drafters import random_drafter
-    from jspec.timing import round_robin, wall_s
     from jspec.args import load_drafter_arg
-    d = (load_drafter_arg(a.drafter, target) if a.drafter else
-         random_drafter("eagle3", target.config, jax.random.key(0), vocab_size=8192))
+    from jspec.drafters import random_drafter
+    return (load_drafter_arg(a.drafter, target) if a.drafter else
+            random_drafter("eagle3", target.config, jax.random.key(0), vocab_size=8192))
+
+
+def speed(target, reqs, a, d) -> list[dict]:
+    import jspec
+    from jspec.timing import round_robin, wall_s
     jsons = [r for r in reqs if r[0].startswith("json")][:a.speed_prompts]
     rows = []
     for name, msgs, fmt in jsons:
@@ -103,8 +148,10 @@ def speed(target, reqs, a) -> list[dict]:
                            response_format=fmt).result.tokens[0])
         free = {"stop_ids": []}
         cases = {"plain": free, "plain+grammar": {"response_format": fmt},
+                 "plain+host": {"response_format": host_of(fmt)},
                  "eagle3": {"drafter": d, **free},
-                 "eagle3+grammar": {"drafter": d, "response_format": fmt}}
+                 "eagle3+grammar": {"drafter": d, "response_format": fmt},
+                 "eagle3+host": {"drafter": d, "response_format": host_of(fmt)}}
         calls = {k: (lambda kw=kw: jspec.chat(target, msgs, max_new_tokens=n, **kw).result)
                  for k, kw in cases.items()}
         timed = round_robin(calls, 2, seconds=wall_s)
@@ -119,8 +166,48 @@ def speed(target, reqs, a) -> list[dict]:
                 row["accept"] = st["mean_accept_len"]
             if k == "eagle3+grammar":
                 row["forced/pass"] = forced_per_pass(target, fmt, r.tokens[0], st["iterations"])
-                row["== plain+grammar"] = r.tokens == timed["plain+grammar"].result.tokens
+            if k.startswith("eagle3+"):
+                plain = timed["plain+" + k.split("+")[1]].result
+                row["== constrained plain"] = r.tokens == plain.tokens
             rows.append(row)
+    return rows
+
+
+def engine_speed(target, reqs, a, d) -> list[dict]:
+    """``--engine-slots`` requests served at once, each case decoding the device-path
+    constrained answers' lengths (unconstrained: no stop id); one engine per drafter."""
+    import jspec
+    from jspec.engine import Engine, Request
+    from jspec.messages import stop_ids
+    from jspec.timing import round_robin
+    jsons = [r for r in reqs if r[0].startswith("json")][:a.engine_slots]
+    msgs = [m for _, m, _ in jsons]
+    fmts = [f for _, _, f in jsons]
+    lens = [len(t) for t in jspec.chat(target, msgs, max_new_tokens=a.max_new_tokens,
+                                       response_format=fmts).result.tokens]
+    engines = {"plain": Engine(target, slots=len(jsons), max_new_tokens=a.max_new_tokens),
+               "eagle3": Engine(target, d, slots=len(jsons), max_new_tokens=a.max_new_tokens)}
+    stops = stop_ids(target)
+    by_case = {"": lambda i: {"stop_ids": []},
+               "+grammar": lambda i: {"stop_ids": stops, "response_format": fmts[i]},
+               "+host": lambda i: {"stop_ids": stops, "response_format": host_of(fmts[i])}}
+    calls = {}
+    for e, eng in engines.items():
+        for c, kw in by_case.items():
+            reqs_ = [Request(messages=m, max_new_tokens=n, **kw(i))
+                     for i, (m, n) in enumerate(zip(msgs, lens))]
+            calls[e + c] = lambda eng=eng, reqs_=reqs_: eng.generate(reqs_)
+    timed = round_robin(calls, 2)
+    rows = []
+    for k, t in timed.items():
+        done = t.result
+        n = sum(len(c.tokens) for c in done)
+        row = {"decoding": k, "requests": len(done), "tokens": n, "tok/s": n / t.median}
+        if k.startswith("eagle3"):
+            row["accept"] = float(np.mean([c.stats["mean_accept_len"] for c in done]))
+            plain = timed["plain" + k[len("eagle3"):]].result
+            row["== plain"] = [c.tokens for c in done] == [c.tokens for c in plain]
+        rows.append(row)
     return rows
 
 
@@ -141,13 +228,27 @@ def main(a) -> None:
         for label in ("greedy", "sampled"):
             ok = sum(r[f"{label} valid"] for r in vrows)
             print(f"{label}: {ok}/{len(vrows)} valid")
-    srows = speed(target, reqs, a)
-    print(f"\nbatch 1, EAGLE-3 {'head ' + a.drafter if a.drafter else 'random head (8k vocab)'}"
-          ", every case decoding the constrained answer's length")
+    trows = tables_at(a.vocab, reqs) if a.vocab else []
+    if trows:
+        print(f"\nthe same formats over {a.vocab}")
+        print(common.format_table(trows, ["format", "vocab", "states", "classes", "table KB",
+                                          "dense MB", "build s"]))
+    d = drafter_for(target, a)
+    head = "head " + a.drafter if a.drafter else "random head (8k vocab)"
+    srows = speed(target, reqs, a, d)
+    print(f"\nbatch 1, EAGLE-3 {head}, every case decoding the constrained answer's length; "
+          "+grammar: the device path, +host: the same schema on the host path")
     print(common.format_table(srows, ["format", "decoding", "tokens", "tok/s", "vs plain",
-                                      "accept", "forced/pass", "== plain+grammar"]))
+                                      "accept", "forced/pass", "== constrained plain"]))
+    erows = engine_speed(target, reqs, a, d) if a.engine_slots else []
+    if erows:
+        print(f"\nthe engine, {a.engine_slots} slots, {a.engine_slots} JSON requests at once, "
+              f"EAGLE-3 {head}")
+        print(common.format_table(erows, ["decoding", "requests", "tokens", "tok/s", "accept",
+                                          "== plain"]))
     if a.json:
-        common.write_json(a.json, {"valid": vrows, "speed": srows})
+        common.write_json(a.json, {"valid": vrows, "tables": trows, "speed": srows,
+                                   "engine": erows})
 
 
 COMMAND = Command("grammar", "structured output: valid JSON/regex output over 30 formats, "

@@ -83,11 +83,16 @@ def to_lark(fmt: Any) -> str | None:
         else None
     if isinstance(fmt.get("json_schema"), dict) and isinstance(schema, dict) \
             and recursive(schema):
-        # Separators fixed as json.dumps writes them: with llguidance's default (any
-        # whitespace anywhere) a weak model can pad with newlines until it runs out of tokens.
-        style = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-        return "start: %json " + json.dumps({**schema, "x-guidance": style})
+        return json_lark(schema)
     return None
+
+
+def json_lark(schema: dict) -> str:
+    """The Lark grammar of JSON valid against ``schema`` (llguidance's ``%json``), separators
+    fixed as ``json.dumps`` writes them: with llguidance's default (any whitespace anywhere) a
+    weak model can pad with newlines until it runs out of tokens."""
+    style = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    return "start: %json " + json.dumps({**schema, "x-guidance": style})
 
 
 def recursive(schema: dict) -> bool:
