@@ -4,6 +4,7 @@
   asked for in a chat request, greedy and sampled (temperature 0.8); every output is checked
   with ``jsonschema`` / ``re.fullmatch``; each automaton's states, token classes, device bytes
   and build seconds beside it (and the dense ``[states, vocab]`` table it replaces);
+  the JSON schemas also greedy on the host path (``host valid``);
 * **table sizes at another vocabulary** (``--vocab``: a tokenizer.json or a GGUF, e.g.
   llama.cpp's vocabulary-only ``ggml-vocab-llama-bpe.gguf``, Llama-3's 128,256 tokens);
 * **speed**, batch 1 on the JSON requests: unconstrained and constrained plain decoding and
@@ -68,12 +69,20 @@ def validity(target, reqs, a) -> list[dict]:
     hits = CACHE_STATS["hits"]
     compile_format(reqs[0][2], target.tokenizer, V, stops)
     assert CACHE_STATS["hits"] == hits + 1          # a repeated format compiles once
-    for label, kw in (("greedy", {}), ("sampled", {"temperature": 0.8, "seed": 7})):
+    for label, kw in (("greedy", {}), ("sampled", {"temperature": 0.8, "seed": 7}),
+                      ("host", {})):
         for i in range(0, len(reqs), a.batch):
             part = reqs[i:i + a.batch]
+            fmts = [f for _, _, f in part]
+            if label == "host":        # the JSON schemas on the host path, greedy
+                if fmts[0]["type"] != "json_schema":
+                    continue
+                fmts = [host_of(f) if f["type"] == "json_schema" else f for f in fmts]
             res = jspec.chat(target, [m for _, m, _ in part], max_new_tokens=a.max_new_tokens,
-                             response_format=[f for _, _, f in part], **kw)
+                             response_format=fmts, **kw)
             for j, ((_, _, fmt), text) in enumerate(zip(part, res.texts)):
+                if label == "host" and fmt["type"] != "json_schema":
+                    continue
                 rows[i + j][f"{label} valid"] = valid(fmt, text)
                 rows[i + j][f"{label} tokens"] = len(res.result.tokens[j])
                 if label == "greedy":
@@ -220,14 +229,15 @@ def main(a) -> None:
     reqs = requests()
     vrows = [] if a.skip_valid else validity(target, reqs, a)
     cols = ["format", "states", "classes", "table KB", "dense MB", "build s", "greedy valid",
-            "greedy tokens", "sampled valid", "sampled tokens", "greedy text"]
+            "greedy tokens", "sampled valid", "sampled tokens", "host valid", "host tokens",
+            "greedy text"]
     if vrows:
         print(f"{a.model}: {len(reqs)} formats, greedy and sampled (T=0.8), max "
               f"{a.max_new_tokens} new tokens, {a.batch} rows a call")
         print(common.format_table(vrows, cols))
-        for label in ("greedy", "sampled"):
-            ok = sum(r[f"{label} valid"] for r in vrows)
-            print(f"{label}: {ok}/{len(vrows)} valid")
+        for label in ("greedy", "sampled", "host"):
+            got = [r[f"{label} valid"] for r in vrows if f"{label} valid" in r]
+            print(f"{label}: {sum(got)}/{len(got)} valid")
     trows = tables_at(a.vocab, reqs) if a.vocab else []
     if trows:
         print(f"\nthe same formats over {a.vocab}")
