@@ -207,13 +207,15 @@ class Plan:
         """``(final state, profile dict or None)``."""
         if profile and self.drafter is not None:     # plain decoding has no phases to split
             return self.decoder.profile(*self.call_args(key))
-        args = self.call_args(key)
-        if not self.bucketed:
-            kw = {} if self.grammar is None else {"grammar": self.grammar}
-            out = self.decoder.run(*args, **kw)
-        else:
-            out = self.executable(args)(*args, **self.runtime_kwargs)
-        constraint.close(self.grammar, out)      # a host grammar's matchers serve one run
+        args, out = self.call_args(key), None
+        try:
+            if not self.bucketed:
+                kw = {} if self.grammar is None else {"grammar": self.grammar}
+                out = self.decoder.run(*args, **kw)
+            else:
+                out = self.executable(args)(*args, **self.runtime_kwargs)
+        finally:                 # a host grammar's matchers serve one run, failed or not
+            constraint.close(self.grammar, out)
         return out, None
 
     @property

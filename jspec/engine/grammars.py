@@ -18,6 +18,8 @@ without a matcher get every token allowed).
 
 from __future__ import annotations
 
+import weakref
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -52,6 +54,8 @@ class SlotGrammars:
         self.of_slot.pop(slot, None)
         if isinstance(automaton, host.HostGrammar) and self.session is None:
             self.session = host.open_session([None] * self.slots, self.vocab_size)
+            # The engine has no close(): its matchers go when it does.
+            weakref.finalize(self, host.close_session, self.session)
             self._rebuild()
         if self.session is not None:
             host.session(self.session).set_row(
@@ -85,10 +89,6 @@ class SlotGrammars:
         self.of_slot.pop(slot, None)
         if self.session is not None:
             host.session(self.session).set_row(slot, None)
-
-    def close(self) -> None:
-        if self.session is not None:
-            host.close_session(self.session)
 
 
 def renumbered(states: np.ndarray, mapping: dict, dead: int) -> np.ndarray:
