@@ -88,11 +88,35 @@ def to_lark(fmt: Any) -> str | None:
 
 
 def json_lark(schema: dict) -> str:
-    """The Lark grammar of JSON valid against ``schema`` (llguidance's ``%json``), separators
-    fixed as ``json.dumps`` writes them: with llguidance's default (any whitespace anywhere) a
-    weak model can pad with newlines until it runs out of tokens."""
+    """The Lark grammar of JSON valid against ``schema`` (llguidance's ``%json``), read as the
+    device path reads it: separators fixed as ``json.dumps`` writes them (with llguidance's
+    default, any whitespace anywhere, a weak model pads with newlines until it runs out of
+    tokens), and an object with ``properties`` but no ``additionalProperties`` closed, as
+    outlines-core (and OpenAI's strict mode) close it; open, a model keeps adding keys."""
     style = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-    return "start: %json " + json.dumps({**schema, "x-guidance": style})
+    return "start: %json " + json.dumps({**_closed(schema), "x-guidance": style})
+
+
+_NAMED = ("properties", "patternProperties", "$defs", "definitions")   # name -> schema maps
+_DATA = ("enum", "const", "default", "examples")                      # values, not schemas
+
+
+def _closed(node):
+    if isinstance(node, list):
+        return [_closed(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for k, v in node.items():
+        if k in _DATA:
+            out[k] = v
+        elif k in _NAMED and isinstance(v, dict):
+            out[k] = {name: _closed(sub) for name, sub in v.items()}
+        else:
+            out[k] = _closed(v)
+    if "properties" in node and "additionalProperties" not in node:
+        out["additionalProperties"] = False
+    return out
 
 
 def recursive(schema: dict) -> bool:
