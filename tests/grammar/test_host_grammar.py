@@ -64,6 +64,7 @@ def test_outputs_follow_the_recursive_grammar(target):
     assert any("(" in t for t in res.text), res.text       # the recursion was taken
 
 
+@pytest.mark.slow      # HOST_REGEX_FMT is served by the oracle and engine tests by default
 def test_a_regex_as_a_host_grammar(target):
     """A regex given as a Lark terminal runs on the host path and its outputs match. (Not
     token for token the device path's: llguidance spells a stretch the grammar forces in the
@@ -168,3 +169,22 @@ def test_a_recursive_json_schema_takes_the_host_path(target):
     assert done, res.text
     for text in done:
         jsonschema.validate(json.loads(text), tree)
+
+
+def test_host_json_reads_a_schema_as_the_device_path_does(target):
+    """On the host path an object with ``properties`` is closed (no extra keys) and the
+    separators are json.dumps's, as on the device path; a property named "properties" and
+    a ``const`` holding one are left alone."""
+    from jspec.grammar import compile_format
+    from jspec.grammar.formats import json_lark
+    schema = {"type": "object", "required": ["a"],
+              "properties": {"a": {"type": "integer"},
+                             "properties": {"const": {"properties": 1}}}}
+    g = compile_format({"type": "grammar", "grammar": json_lark(schema)}, target.tokenizer,
+                       target.config.vocab_size, [EOS])
+
+    def takes(text):
+        toks = g.tokenizer.tokenize_str(text)
+        return g.matcher().try_consume_tokens(toks) == len(toks)
+    assert takes('{"a": 1}') and takes('{"a": 1, "properties": {"properties": 1}}')
+    assert not takes('{"a": 1, "b"') and not takes('{"a":1}') and not takes('{ "a": 1}')
