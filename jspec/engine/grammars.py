@@ -121,8 +121,10 @@ def insert_grammar(grammars: SlotGrammars, slot: int, automaton, state):
         state = state.replace(grammar_state=jnp.asarray(states))
     rows = None
     if grammars.session is not None:
-        rows = host.rows_state(grammars.session, [slot], grammars.width)
+        rows = host.rows_state(grammars.session, [slot], grammars.width,
+                               [isinstance(automaton, host.HostGrammar)])
         if state.grammar_host is None:
             state = state.replace(grammar_host=host.rows_state(
-                grammars.session, range(grammars.slots), grammars.width))
+                grammars.session, range(grammars.slots), grammars.width,
+                [False] * grammars.slots))
     return grammars.tables.replace(state=jnp.asarray([init], jnp.int32), host=rows), state

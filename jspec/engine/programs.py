@@ -209,7 +209,7 @@ class Programs:
         if ghost is None and state.grammar_host is not None:   # warm/scrub: a blank host row
             ghost = state.grammar_host.replace(
                 index=slot[None], recent=jnp.zeros_like(state.grammar_host.recent[:1]),
-                count=jnp.zeros((1,), jnp.int32))
+                count=jnp.zeros((1,), jnp.int32), active=jnp.zeros((1,), bool))
         row = self._row(cache, dstate, first, key, finite, stops, max_new, drafted, kept,
                         first_lp, rows, None if g is None else g.state, ghost)
         return self.pinned(R.put(state, row, slot[None], self.slots))

@@ -44,7 +44,7 @@ def padded_state(grammars, vocab_size: int, always: bool = False
     if any(on_host):
         sid = host.open_session([a if h else None for a, h in zip(grammars, on_host)],
                                 vocab_size)
-        rows = host.rows_state(sid, range(len(grammars)))
+        rows = host.rows_state(sid, range(len(grammars)), active=on_host)
     table, classes, initial = device.stack(automata, vocab_size)
     S, C = table.shape
     Sp, Cp = _bucket(S, 64), _bucket(C, 128)

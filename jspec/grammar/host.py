@@ -147,6 +147,7 @@ class Session:
         self.consumed = [0] * len(grammars)
         self.words = (vocab_size + 31) // 32
         self.lock = threading.Lock()
+        self.calls = 0            # callbacks served (what the tests and benchmarks read)
 
     def set_row(self, row: int, grammar: HostGrammar | None) -> None:
         """A new request in ``row`` (the engine's slot): a fresh matcher, nothing consumed."""
@@ -192,6 +193,7 @@ class Session:
         B, N = tokens.shape
         out = np.full((B, N, self.words), -1, np.int32)
         with self.lock:
+            self.calls += 1
             for r, row in enumerate(index):
                 m = self.matchers[row]
                 if m is None:
@@ -244,13 +246,18 @@ class HostRows:
     index: Int["B"]          # each batch row's row in the session (the engine's slot)
     recent: Int["B K"]       # each row's last K emitted tokens, the newest last
     count: Int["B"]          # tokens each row has emitted
+    active: Bool["B"]        # the row has a matcher: without any, no callback is made
 
 
-def rows_state(sid: int, index: Sequence[int], width: int = 1) -> HostRows:
-    """Batch rows that are the session's rows ``index``, nothing emitted yet."""
+def rows_state(sid: int, index: Sequence[int], width: int = 1,
+               active: Sequence[bool] | None = None) -> HostRows:
+    """Batch rows that are the session's rows ``index`` (``active``: which have a matcher;
+    default all), nothing emitted yet."""
     B = len(index)
+    on = np.ones(B, bool) if active is None else np.asarray(active, bool)
     return HostRows(jnp.asarray(sid, jnp.int32), jnp.asarray(index, jnp.int32),
-                    jnp.zeros((B, width), jnp.int32), jnp.zeros((B,), jnp.int32))
+                    jnp.zeros((B, width), jnp.int32), jnp.zeros((B,), jnp.int32),
+                    jnp.asarray(on))
 
 
 def widened(h: HostRows | None, width: int) -> HostRows | None:
@@ -278,7 +285,12 @@ def tree_allowed(h: HostRows, tokens: jax.Array, parents: jax.Array, vocab_size:
     from jax.experimental import io_callback
     B, N = tokens.shape
     words = jax.ShapeDtypeStruct((B, N, (vocab_size + 31) // 32), jnp.int32)
-    bits = io_callback(_masks_callback, words, h.session, h.index, h.recent, h.count,
-                       tokens.astype(jnp.int32), parents.astype(jnp.int32))
+
+    def ask():
+        return io_callback(_masks_callback, words, h.session, h.index, h.recent, h.count,
+                           tokens.astype(jnp.int32), parents.astype(jnp.int32))
+    # No round trip while no row has a matcher (an engine whose host-grammar requests are
+    # done, a free row's step): every token allowed.
+    bits = jax.lax.cond(jnp.any(h.active), ask, lambda: jnp.full(words.shape, -1, jnp.int32))
     v = jnp.arange(vocab_size)
     return ((jnp.take(bits, v // 32, axis=-1) >> (v % 32)) & 1).astype(bool)

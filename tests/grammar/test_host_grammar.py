@@ -125,6 +125,13 @@ def test_engine_serves_host_grammars_beside_others(target):
     done = eng.generate([Request(p, n, stop_ids=[EOS], response_format=f)
                          for p, n, f in zip(prompts, limits, fmts)])
     assert [c.tokens for c in done] == want
+    # Once no slot holds a host grammar, the engine's steps make no host round trip.
+    from jspec.grammar.host import session
+    calls = session(eng.grammars.session).calls
+    free = eng.generate([Request(p, 8, stop_ids=[EOS]) for p in PROMPTS[:2]])
+    assert session(eng.grammars.session).calls == calls
+    assert [c.tokens for c in free] == [w[:8] for w in jspec.generate(
+        target, PROMPTS[:2], max_new_tokens=8, stop_ids=[EOS]).tokens]
 
 
 def test_bad_grammars_fail_before_compiling(target):
