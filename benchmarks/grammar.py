@@ -208,7 +208,10 @@ def engine_speed(target, reqs, a, d) -> list[dict]:
             reqs_ = [Request(messages=m, max_new_tokens=n, **kw(i))
                      for i, (m, n) in enumerate(zip(msgs, lens))]
             calls[e + c] = lambda eng=eng, reqs_=reqs_: eng.generate(reqs_)
-    timed = round_robin(calls, 2)
+    # Two untimed rounds: the first fills each engine's grammar table request by request
+    # (its shape grows, and programs recompile, as automata join), the second compiles for
+    # the steady table.
+    timed = round_robin(calls, 2, warmup=2)
     rows = []
     for k, t in timed.items():
         done = t.result
