@@ -95,7 +95,15 @@ def test_a_session_compiles_at_most_the_buckets_it_touches(target):
         calls.append((p, kw, jspec.generate(target, p, **kw).tokens))
     assert _traces() - n0 <= len(touched) < 8
     for p, kw, toks in calls:
-        assert toks == jspec.generate(target, p, exact_shapes=True, **kw).tokens
+        exact = jspec.generate(target, p, exact_shapes=True, logprobs=2, **kw)
+        for r, (got, want) in enumerate(zip(toks, exact.tokens)):
+            if got == want:
+                continue
+            # Two shapes round differently; only a near-tie (top-2 logprobs within 1e-4;
+            # seen on some CPUs: 421 and 426 at 1e-6 apart) may break the other way.
+            i = next(j for j, (x, y) in enumerate(zip(got, want)) if x != y)
+            top = dict(exact.logprobs[r][i].top)
+            assert got[i] in top and abs(top[got[i]] - top[want[i]]) < 1e-4, (r, i, got, want)
 
 
 def test_warmup_then_generate_compiles_nothing(target, caplog):
