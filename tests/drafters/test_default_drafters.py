@@ -74,6 +74,7 @@ def _demo(cache, *args):
     return out.stdout, out.stderr
 
 
+@pytest.mark.slow       # about 85 s: -m slow, for CI time (tests/cli/test_demo_chat.py runs the demo)
 def test_demo_calibrates_once_and_runs_speculative(tmp_path):
     # --extra-drafter: a head of the user's (here the shipped one again) timed beside it
     extra = ("--extra-drafter", f"mine={ROOT / 'checkpoints/default/drafters/eagle3'}")

@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
@@ -44,6 +46,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow       # about 60 s: -m slow, for CI time (meshes stay in tests/sharding/)
 def test_engine_on_a_model_mesh_equals_unsharded(stories_dir):
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import jspec
 from jspec.checkpoint import load_target
 from jspec.drafters import random_drafter
@@ -23,6 +25,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow       # two processes, about 70 s: -m slow, for CI time
 def test_two_processes_equal_one(stories_dir, tmp_path):
     cases = json.loads((stories_dir / "reference_greedy.json").read_text())["cases"]
     prompts = ([c["prompt_token_ids"] for c in cases] * 2)[:8]

@@ -56,9 +56,10 @@ SCRIPT = textwrap.dedent("""
 
 
 # Both layouts run the attention, KV write and walk kernels; the TPU layout also hands the
-# attention kernel the grouped q/k/v block (-m slow, for CI time).
-@pytest.mark.parametrize("layout", ["cpu_layout",
-                                    pytest.param("tpu_layout", marks=pytest.mark.slow)])
+# attention kernel the grouped q/k/v block. Both -m slow, for CI time (about 90 s each; the
+# default run keeps sharded decoding in tests/sharding/test_sharding.py).
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["cpu_layout", "tpu_layout"])
 def test_kernels_under_a_mesh_equal_unsharded_references(layout):
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
     env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
