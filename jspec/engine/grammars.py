@@ -12,8 +12,8 @@ states renumbered.
 A request with a context-free grammar (:mod:`jspec.grammar.host`) sits in the free state; its
 matcher is the slot's row of the engine's host session, opened with the first such request
 and kept for the engine's life. From then on every insert and decode carries the slots'
-recent tokens (``SlotState.grammar_host``) and every decode makes the host callback (rows
-without a matcher get every token allowed).
+recent tokens (``SlotState.grammar_host``); a decode makes the host callback only while some
+slot's row is ``active`` (holds a matcher), and rows without one get every token allowed.
 """
 
 from __future__ import annotations
