@@ -79,12 +79,11 @@ def to_lark(fmt: Any) -> str | None:
         return None
     if fmt.get("type") == "grammar":
         return _need(fmt, "grammar", str, 'a non-empty "grammar" string (Lark)')
-    schema = (fmt.get("json_schema") or {}).get("schema") if fmt.get("type") == "json_schema" \
-        else None
-    if isinstance(fmt.get("json_schema"), dict) and isinstance(schema, dict) \
-            and recursive(schema):
+    spec = fmt.get("json_schema") if fmt.get("type") == "json_schema" else None
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if isinstance(schema, dict) and recursive(schema):
         return json_lark(schema)
-    return None
+    return None          # a malformed json_schema: to_regex says what is wrong
 
 
 def json_lark(schema: dict) -> str:

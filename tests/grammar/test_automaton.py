@@ -84,6 +84,7 @@ def test_stacked_rows_keep_their_own_grammar(smollm2_tok):
     ({"type": "choice", "choices": []}, "needs a non-empty"),
     ({"type": "choice", "choices": ["a", 3]}, "non-empty strings"),
     ({"type": "json_schema", "json_schema": {"name": "x"}}, "schema"),
+    ({"type": "json_schema", "json_schema": "x"}, '"json_schema" object'),
     ({"type": "json_schema", "json_schema": {"schema": {"type": "bogus"}}}, "unsupported"),
     ({"type": "grammar", "grammar": "start: a_rule"}, "bad grammar"),
     ({"type": "yaml"}, "unknown response_format type"),
