@@ -9,14 +9,13 @@ import itertools
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers.oracle_runs import oracle_run
 from helpers.tiny_targets import KINDS, drafter_of
 
 import jspec
-from jspec.drafters import Drafter, ngram_drafter
-from jspec.drafters.oracle import Oracle
+from jspec.drafters import ngram_drafter
 from jspec.grammar import GrammarError
 from jspec.spec_config import SpecConfig
 
@@ -90,17 +89,8 @@ def test_greedy_speculative_equals_constrained_plain(target, kind, spec, size):
 def test_oracle_of_the_constrained_answer_is_accepted_whole(target, spec):
     """A drafter that knows the constrained greedy answer: every verify keeps its whole
     path, so the states of accepted nodes and bonus tokens are exercised, not just rejections."""
-    fmts = [FORMATS["regex"], FORMATS["json"]]
-    prompts = PROMPTS[:2]
-    want = jspec.generate(target, prompts, max_new_tokens=NEW, stop_ids=[EOS],
-                          response_format=fmts)
-    fut = np.zeros((2, 256), np.int32)
-    for r, p in enumerate(prompts):
-        ids = target.tokenizer.encode(p) + want.tokens[r] + [EOS] * 8
-        fut[r, :len(ids)] = ids
-    oracle = Drafter(Oracle(target.config.vocab_size), {"future": jnp.asarray(fut)})
-    res = jspec.generate(target, prompts, max_new_tokens=NEW, stop_ids=[EOS],
-                         response_format=fmts, drafter=oracle, spec=SPECS[spec])
+    want, res = oracle_run(target, PROMPTS[:2], [FORMATS["regex"], FORMATS["json"]],
+                           SPECS[spec], NEW, EOS)
     assert res.tokens == want.tokens
     S = SPECS[spec].num_steps
     for st in res.stats:

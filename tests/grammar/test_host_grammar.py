@@ -8,14 +8,12 @@ serves host grammars among others; bad grammars fail before anything compiles.""
 import itertools
 import re
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers.oracle_runs import oracle_run
 from helpers.tiny_targets import KINDS, drafter_of
 
 import jspec
-from jspec.drafters import Drafter
-from jspec.drafters.oracle import Oracle
 from jspec.grammar import GrammarError
 from jspec.spec_config import SpecConfig
 
@@ -95,17 +93,8 @@ def test_greedy_speculative_equals_constrained_plain(target, kind, spec, size):
 
 
 def test_oracle_of_the_constrained_answer_is_accepted_whole(target):
-    fmts = [NESTED_FMT, HOST_REGEX_FMT]
-    prompts = PROMPTS[:2]
-    want = jspec.generate(target, prompts, max_new_tokens=NEW, stop_ids=[EOS],
-                          response_format=fmts)
-    fut = np.zeros((2, 256), np.int32)
-    for r, p in enumerate(prompts):
-        ids = target.tokenizer.encode(p) + want.tokens[r] + [EOS] * 8
-        fut[r, :len(ids)] = ids
-    oracle = Drafter(Oracle(target.config.vocab_size), {"future": jnp.asarray(fut)})
-    res = jspec.generate(target, prompts, max_new_tokens=NEW, stop_ids=[EOS],
-                         response_format=fmts, drafter=oracle, spec=SPECS["tree"])
+    want, res = oracle_run(target, PROMPTS[:2], [NESTED_FMT, HOST_REGEX_FMT], SPECS["tree"],
+                           NEW, EOS)
     assert res.tokens == want.tokens
     for st in res.stats:
         assert st["mean_accept_len"] > SPECS["tree"].num_steps, st["accept_hist"]
