@@ -59,14 +59,7 @@ def validity(target, reqs, a) -> list[dict]:
     from jspec.grammar import CACHE_STATS, compile_format
     from jspec.messages import stop_ids
     V, stops = target.config.vocab_size, stop_ids(target)
-    rows = []
-    for name, _, fmt in reqs:
-        t0 = time.perf_counter()
-        auto = compile_format(fmt, target.tokenizer, V, stops)
-        rows.append({"format": name, "states": auto.num_states, "classes": auto.num_classes,
-                     "table KB": auto.nbytes / 1e3,
-                     "dense MB": auto.num_states * V * 4 / 1e6,
-                     "build s": time.perf_counter() - t0})
+    rows = tables(reqs, target.tokenizer, V, stops)
     hits = CACHE_STATS["hits"]
     compile_format(reqs[0][2], target.tokenizer, V, stops)
     assert CACHE_STATS["hits"] == hits + 1          # a repeated format compiles once
@@ -104,20 +97,26 @@ def load_vocab(path: str):
     return tok, tok.vocab_size
 
 
-def tables_at(path: str, reqs) -> list[dict]:
-    """Each format's automaton over another tokenizer (the end-of-turn stop id: its last id;
-    the stop class's size does not depend on which)."""
+def tables(reqs, tokenizer, V: int, stops) -> list[dict]:
+    """Each format's automaton over ``tokenizer``: states, classes, device bytes, the dense
+    ``[states, vocab]`` table it replaces, and its build seconds."""
     from jspec.grammar import compile_format
-    tok, V = load_vocab(path)
     rows = []
     for name, _, fmt in reqs:
         t0 = time.perf_counter()
-        auto = compile_format(fmt, tok, V, [V - 1])
+        auto = compile_format(fmt, tokenizer, V, stops)
         rows.append({"format": name, "vocab": V, "states": auto.num_states,
                      "classes": auto.num_classes, "table KB": auto.nbytes / 1e3,
                      "dense MB": auto.num_states * V * 4 / 1e6,
                      "build s": time.perf_counter() - t0})
     return rows
+
+
+def tables_at(path: str, reqs) -> list[dict]:
+    """Each format's automaton over another tokenizer (the end-of-turn stop id: its last id;
+    the stop class's size does not depend on which)."""
+    tok, V = load_vocab(path)
+    return tables(reqs, tok, V, [V - 1])
 
 
 def host_of(fmt: dict) -> dict:
