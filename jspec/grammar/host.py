@@ -292,5 +292,11 @@ def tree_allowed(h: HostRows, tokens: jax.Array, parents: jax.Array, vocab_size:
     # No round trip while no row has a matcher (an engine whose host-grammar requests are
     # done, a free row's step): every token allowed.
     bits = jax.lax.cond(jnp.any(h.active), ask, lambda: jnp.full(words.shape, -1, jnp.int32))
+    return unpack(bits, vocab_size)
+
+
+def unpack(bits: jax.Array, vocab_size: int) -> Bool["... V"]:
+    """llguidance's packed bitmask ``[..., ceil(V / 32)]`` (token ``t``: bit ``t % 32`` of
+    word ``t // 32``) as ``[..., V]`` bools."""
     v = jnp.arange(vocab_size)
     return ((jnp.take(bits, v // 32, axis=-1) >> (v % 32)) & 1).astype(bool)

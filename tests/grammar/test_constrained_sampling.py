@@ -15,6 +15,7 @@ import jspec
 from jspec.drafters import random_drafter
 from jspec.grammar import compile_format
 from jspec.grammar.device import FORBIDDEN
+from jspec.grammar.host import unpack
 from jspec.sampling import SamplingConfig, target_probs
 from jspec.spec_config import SpecConfig
 from jspec.tokenizer import Llama2cTokenizer
@@ -60,7 +61,7 @@ def matcher_allowed(target, fmt):
             return np.ones(V, bool)
         bits = lnp.allocate_token_bitmask(1, V)
         lnp.fill_next_token_bitmask(m, bits, 0)
-        return ((bits[0, np.arange(V) // 32] >> (np.arange(V) % 32)) & 1).astype(bool)
+        return np.asarray(unpack(bits[0], V))
     return allowed
 
 
