@@ -40,6 +40,7 @@ from jspec.decode import (MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, PlainDecoder, e
                           finite_rows)
 from jspec.engine import rows as R
 from jspec.grammar import device as gdev
+from jspec.grammar.host import rows_state as ghost_rows
 from jspec.llama import forward, logits as lm_logits
 from jspec.sampling import SamplingConfig, sample
 from jspec.serving_layout import pack_params
@@ -206,10 +207,9 @@ class Programs:
                 params, dparams, cache, dstate, prompt, prompt_len, key, rows, grammar)
         g = gdev.advance(grammar, first, finite)
         ghost = None if g is None else g.host
-        if ghost is None and state.grammar_host is not None:   # warm/scrub: a blank host row
-            ghost = state.grammar_host.replace(
-                index=slot[None], recent=jnp.zeros_like(state.grammar_host.recent[:1]),
-                count=jnp.zeros((1,), jnp.int32), active=jnp.zeros((1,), bool))
+        h = state.grammar_host
+        if ghost is None and h is not None:      # warm/scrub: a blank row, no matcher
+            ghost = ghost_rows(h.session, slot[None], h.recent.shape[1], [False])
         row = self._row(cache, dstate, first, key, finite, stops, max_new, drafted, kept,
                         first_lp, rows, None if g is None else g.state, ghost)
         return self.pinned(R.put(state, row, slot[None], self.slots))
