@@ -12,12 +12,19 @@ import jax.numpy as jnp
 from jspec import kv_cache as kvc
 from jspec.attention import windowed_attention_ref
 from jspec.config import LlamaConfig
+from jspec.invariant_ops import plain_sum
+from jspec.platform import target_platform
 from jspec.rope import apply_rope, rope_inv_freq
 from jspec.serving_layout import linear, precision_of
 
 
 def sum_square(x):
     xf = x.astype(jnp.float32)
+    if target_platform() == "cpu":
+        # XLA's own loop, not the YNN library fusion a plain reduce goes to on XLA:CPU: that
+        # fusion takes neighbouring ops along at some batch shapes and not at others, so a
+        # token's norm moved in the last bit with the block it was in (jspec.invariant_ops).
+        return plain_sum(xf * xf, -1, keepdims=True)
     return jnp.sum(xf * xf, axis=-1, keepdims=True)
 
 

@@ -31,6 +31,7 @@ from jspec import kv_cache as kvc
 from jspec.attention import paged_attention_ref
 from jspec.attention import prepare as prepare_attention
 from jspec.config import LlamaConfig
+from jspec.invariant_attention import for_params as invariant_if_needed
 # The layers in the checkpoints' layout are jspec.layers; they are this module's API too.
 from jspec.layers import (MLP, Attention, DecoderLayer, Linear, RMSNorm, dense,  # noqa: F401
                           out_major_params, rms_norm, sum_square)
@@ -130,7 +131,10 @@ def _rotates_whole_block() -> bool:
 def shared_inputs(cfg: LlamaConfig, positions, cache, block_mask, valid,
                   attention_fn: AttentionFn) -> Shared:
     B, T = positions.shape
-    cos, sin = rope_tables(positions, rope_inv_freq(cfg.rope, cfg.head_dim))   # [B, T, 1, D]
+    inv_freq = rope_inv_freq(cfg.rope, cfg.head_dim)
+    tables = getattr(attention_fn, "rope_tables", None)          # jspec.invariant_attention's
+    cos, sin = (rope_tables(positions, inv_freq) if tables is None else
+                tables(positions, inv_freq, cache.max_len))                   # [B, T, 1, D]
     if _rotates_whole_block():      # one row per slot of the [G + 2] block: [B, T, 1, G+2, D]
         G = cfg.num_heads // cfg.num_kv_heads
         is_v = (jnp.arange(G + 2) == G + 1)[None, None, None, :, None]
@@ -220,6 +224,7 @@ def forward(cfg: LlamaConfig, packed, tokens, positions, cache, block_mask=None,
     """
     c = cfg
     L = c.num_layers
+    attention_fn = invariant_if_needed(packed, attention_fn)
     x = jnp.take(packed["embed"], tokens, axis=0).astype(c.dtype)
     aux_layers = tuple(int(i) for i in aux_layers)
     if any(not 0 <= i < L for i in aux_layers):

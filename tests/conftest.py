@@ -4,6 +4,23 @@ from pathlib import Path
 
 import pytest
 
+SLOW_LIST = Path(__file__).parent / "slow_tests.txt"
+
+
+def slow_node_ids() -> set[str]:
+    """The node ids ``tests/slow_tests.txt`` moves out of the default run."""
+    return {line.strip() for line in SLOW_LIST.read_text().splitlines()
+            if line.strip() and not line.startswith("#")}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests ``slow_tests.txt`` names as slow, before ``-m`` selects by marks."""
+    slow = slow_node_ids()
+    for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
+
 # The repo is cloned next to shared/, which holds the real-model fixtures.
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 

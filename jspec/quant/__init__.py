@@ -15,23 +15,32 @@ import jax
 from jax.sharding import NamedSharding
 
 from jspec.quant.config import MODES, QuantConfig, QuantizeError, as_quant_config
-from jspec.quant.pack import is_quantized, mode_of, quantize_packed, quantize_weight
+from jspec.quant.pack import (is_quantized, mode_of, quantize_packed, quantize_weight,
+                              quantizes_activations)
 from jspec.quant.qweight import QWeight, is_qweight, quantized_linear
 
 __all__ = ["MODES", "QuantConfig", "QuantizeError", "QWeight", "as_quant_config", "is_quantized",
            "is_qweight", "mode_of", "place_packed", "warn_if_inexact", "quantize_packed", "quantize_target",
-           "quantize_weight", "quantized_linear"]
+           "quantize_weight", "quantized_linear", "quantizes_activations"]
 
 
 def warn_if_inexact(qc: QuantConfig) -> None:
-    """W8A8 rounds activations to int8, which amplifies the float rounding differences that
-    attention has between two shapes (a verify block against a 1-token step, two cache sizes):
-    its speculative output can differ from its own plain output (docs/quantization.md)."""
-    if qc.activations:
+    """W8A8 rounds activations to int8, so a float difference of one bit between two shapes
+    (a verify block against a 1-token step) can move a token. The forward of such a target
+    is batch-invariant (:mod:`jspec.invariant_attention`), measured bit for bit on XLA:CPU
+    with an unrolled layer stack (jspec's CPU default); with a scanned stack XLA fused the
+    stack's last ops differently from one program to the next, and TPU/GPU are unmeasured,
+    so those say so (docs/quantization.md)."""
+    from jspec.platform import target_platform
+    from jspec.serving_layout import default_stacked
+
+    if qc.activations and (target_platform() != "cpu" or default_stacked()):
         logging.getLogger("jspec").warning(
-            "quantize=w8a8: activations are rounded to int8, so outputs can depend on batch "
-            "and cache shapes, and speculative decoding is not token-exact against plain "
-            "decoding of this target; int8 and fp8 (weight-only) are")
+            "quantize=w8a8: speculative decoding is token-exact against plain decoding of a "
+            "W8A8 target on CPU with an unrolled layer stack (jspec's CPU default); here "
+            "(%s, %s layers) a token can differ where an activation sits on an int8 rounding "
+            "step; int8 and fp8 (weight-only) are exact everywhere", target_platform(),
+            "scanned" if default_stacked() else "unrolled")
 
 
 def _mesh_of(params):

@@ -61,6 +61,13 @@ def is_quantized(packed) -> bool:
     return any(is_qweight(x) for x in jax.tree_util.tree_leaves(packed, is_leaf=is_qweight))
 
 
+def quantizes_activations(params) -> bool:
+    """Whether any weight of ``params`` rounds its input to a quantized type (``w8a8``):
+    such a target needs batch-invariant attention (:mod:`jspec.invariant_attention`)."""
+    return any(is_qweight(x) and x.act is not None
+               for x in jax.tree_util.tree_leaves(params, is_leaf=is_qweight))
+
+
 def mode_of(params) -> str | None:
     """The quantization mode of a parameter tree (None: float)."""
     for x in jax.tree_util.tree_leaves(params, is_leaf=is_qweight):

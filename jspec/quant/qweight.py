@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import qwix
 
+from jspec.invariant_ops import plain_max
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +54,21 @@ def is_qweight(x) -> bool:
     return isinstance(x, QWeight)
 
 
+def quantize_rows(x, qtype):
+    """``x [M, K]`` as a :class:`qwix.QArray` of integer ``qtype`` with one absmax scale per
+    row: ``qwix.quantize(x, qtype, channelwise_axes=(0,), scale_dtype=float32)``, bit for bit
+    (tested), with the row's max taken by :func:`jspec.invariant_ops.plain_max`. qwix's
+    ``jnp.max`` goes to XLA:CPU's library fusion, which took the activation's producers
+    (the SwiGLU before ``down``) along at some batch shapes only, and a token's int8 values
+    moved with the block it was in."""
+    bound = jnp.iinfo(qtype).max + 0.5           # qwix's symmetric bound for an integer type
+    scale = plain_max(jnp.abs(x.astype(jnp.float32)), 1, keepdims=True) / bound
+    scale = jnp.where(scale < jnp.sqrt(jnp.finfo(jnp.float32).tiny), 1.0, scale)
+    info = jnp.iinfo(qtype)
+    q = jnp.clip(jnp.round(x.astype(jnp.float32) / scale), info.min, info.max).astype(qtype)
+    return qwix.QArray(q, scale, None, qtype)
+
+
 def quantized_linear(x, w: QWeight, precision=None):
     """``x [..., in]`` times ``w [out..., in]`` -> ``[..., out...]`` in ``x``'s dtype.
 
@@ -63,8 +80,7 @@ def quantized_linear(x, w: QWeight, precision=None):
     x2 = x.reshape(-1, k)
     if w.in_scale is not None:
         x2 = (x2.astype(jnp.float32) * w.in_scale.astype(jnp.float32)).astype(x.dtype)
-    lhs = x2 if w.act is None else qwix.quantize(x2, jnp.dtype(w.act), channelwise_axes=(0,),
-                                                 scale_dtype=jnp.float32)
+    lhs = x2 if w.act is None else quantize_rows(x2, jnp.dtype(w.act))
     dims = (((1,), (w.ndim - 1,)), ((), ()))
     if w.act is None and w.q.scale.shape[-1] == 1 and w.q.zero_point is None:
         # One scale per output channel: scale the product, not the weight. Dequantizing

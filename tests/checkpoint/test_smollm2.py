@@ -56,23 +56,37 @@ def test_config_and_prompt_ids(smollm2):
     assert tok.end_of_turn_ids == (2,)
 
 
-@pytest.fixture(scope="module")
-def paths(smollm2, tmp_path_factory):
-    """Every path's tokens, from one subprocess compiled with XLA's full optimisation
-    (``tests/helpers/smollm2_paths.py`` says why)."""
+def _paths(which: str, tmp_path_factory):
+    """The paths' tokens (``which``: ``generate`` or ``served``), from one subprocess compiled
+    with XLA's full optimisation (``tests/helpers/smollm2_paths.py`` says why)."""
     out = tmp_path_factory.mktemp("smollm2") / "paths.json"
     env = xla_env.full_optimisation()
     script = Path(__file__).parents[1] / "helpers" / "smollm2_paths.py"
     p = subprocess.run([sys.executable, str(script), str(fetch_path()), str(GOLDEN_FILE),
-                        str(out)], env=env, capture_output=True, text=True, timeout=900)
+                        str(out), which], env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("path", ["generate-plain", "generate-eagle3", "engine-eagle3",
-                                  "runner-eagle3"])
-def test_equals_transformers(paths, path):
+@pytest.fixture(scope="module")
+def generate_paths(smollm2, tmp_path_factory):
+    return _paths("generate", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def served_paths(smollm2, tmp_path_factory):
+    return _paths("served", tmp_path_factory)
+
+
+# The engine and the runner on SmolLM2 run with -m slow (CI time): the small models check
+# both in the default run, and these paths differ from generate's only in serving.
+@pytest.mark.parametrize("path", ["generate-plain", "generate-eagle3",
+                                  pytest.param("engine-eagle3", marks=pytest.mark.slow),
+                                  pytest.param("runner-eagle3", marks=pytest.mark.slow)])
+def test_equals_transformers(request, path):
     from helpers.smollm2_paths import SERVED_TOKENS
+    paths = request.getfixturevalue("generate_paths" if path.startswith("generate")
+                                    else "served_paths")
     n = len(ROWS[0]["tokens"]) if path.startswith("generate") else SERVED_TOKENS
     for r, toks in zip(ROWS, paths[path]):
         assert toks == r["tokens"][:n], (path, r.get("text") or r["messages"][-1]["content"],

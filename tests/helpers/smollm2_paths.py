@@ -6,7 +6,7 @@ tiny models and wrong for a 135M one: a SmolLM2 decode step takes ~13x longer th
 script runs four paths (``generate`` plain and with a random EAGLE-3 head, the engine and the
 dataset runner with it) in one process and writes their tokens as JSON.
 
-Run:  python tests/helpers/smollm2_paths.py GGUF GOLDEN OUT
+Run:  python tests/helpers/smollm2_paths.py GGUF GOLDEN OUT [generate|served|all]
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ SLOTS = 2          # fewer slots than prompts: the engine refills slots as rows 
 SERVED_TOKENS = 32
 
 
-def run_paths(model: str, rows: list[dict], n: int) -> dict[str, list[list[int]]]:
+def run_paths(model: str, rows: list[dict], n: int, which: str = "all") -> dict[str, list[list[int]]]:
+    """``which``: ``"generate"`` (generate, plain and EAGLE-3), ``"served"`` (the engine and
+    the runner) or ``"all"``."""
     import jax
 
     import jspec
@@ -40,9 +42,10 @@ def run_paths(model: str, rows: list[dict], n: int) -> dict[str, list[list[int]]
     prompts = [r["prompt_ids"] for r in rows]
     out = {}
     for name, kw in (("plain", {}), ("eagle3", {"drafter": eagle3, "spec": spec})):
-        res = jspec.generate(target, prompts, max_new_tokens=n, stop_ids=[], **kw)
-        out[f"generate-{name}"] = [list(map(int, t)) for t in res.tokens]
-        if name == "eagle3":     # plain decoding in the engine is checked on small models
+        if which != "served":
+            res = jspec.generate(target, prompts, max_new_tokens=n, stop_ids=[], **kw)
+            out[f"generate-{name}"] = [list(map(int, t)) for t in res.tokens]
+        if name == "eagle3" and which != "generate":  # plain: checked on small models
             m = min(n, SERVED_TOKENS)
             eng = Engine(target, slots=SLOTS, max_new_tokens=m, **kw)
             done = eng.generate([Request(p, m, stop_ids=[], id=i) for i, p in enumerate(prompts)])
@@ -50,6 +53,8 @@ def run_paths(model: str, rows: list[dict], n: int) -> dict[str, list[list[int]]
     # The runner reads records: chat rows as messages (rendered by jspec's template), text rows
     # as text (encoded by jspec's tokenizer), so this path also checks both against the golden
     # (speculative only: the rendering is the same for plain decoding, which the engine covers).
+    if which == "generate":
+        return out
     out["runner-eagle3"] = run_records(target, model, rows, min(n, SERVED_TOKENS),
                                        ["--drafter", "random:eagle3", "--spec",
                                         ",".join(map(str, CHAIN))])
@@ -77,9 +82,10 @@ def run_records(target, model: str, rows: list[dict], n: int, flags: list[str]) 
 
 
 def main(argv=None) -> int:
-    model, golden, dst = (argv if argv is not None else sys.argv[1:])
+    model, golden, dst, *which = (argv if argv is not None else sys.argv[1:])
     doc = json.loads(Path(golden).read_text())
-    Path(dst).write_text(json.dumps(run_paths(model, doc["rows"], doc["new_tokens"])))
+    Path(dst).write_text(json.dumps(run_paths(model, doc["rows"], doc["new_tokens"],
+                                              *which)))
     return 0
 
 

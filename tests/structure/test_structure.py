@@ -102,3 +102,17 @@ def long_functions(path: Path) -> dict[str, int]:
 
 def test_functions_stay_small():
     assert {k: v for p in sources("jspec") for k, v in long_functions(p).items()} == {}
+
+
+def test_every_test_slow_tests_txt_names_exists():
+    """A stale line in tests/slow_tests.txt would silently keep nothing out of the default
+    run: each names a file, and a test function in it."""
+    from conftest import slow_node_ids
+    missing = []
+    for node in sorted(slow_node_ids()):
+        path, _, name = node.partition("::")
+        func = name.split("[")[0]
+        f = ROOT / path
+        if not f.exists() or f"def {func}(" not in f.read_text():
+            missing.append(node)
+    assert missing == []

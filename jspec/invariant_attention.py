@@ -1,0 +1,104 @@
+"""Batch-invariant attention: a query's output is bit-identical whatever block it is in (a
+1-token step, an N-node verify tree, a prefill chunk), whatever rows are beside it, and
+whichever bucket of the cache is read (:func:`jspec.attention.reach_buckets`).
+
+Why a target needs it: W8A8 (:mod:`jspec.quant`) rounds every activation to int8. The
+reference attention sums in an order that moves with the shapes, a 1e-7 relative
+difference between a 1-token step and an N-token verify, or two cache sizes; where an
+activation sits near a rounding step its int8 value moves by one, and tokens follow
+(stories260K: 0.006 in a hidden state after five layers from 1e-7 in the first). So
+:func:`jspec.llama.forward` gives a target whose params quantize activations this backend
+(:func:`for_params`), and with it every op before the float LM head is exact or the same
+sum in the same order: a verify pass gives each token the keys, values and logits of its
+1-token step, bit for bit (``tests/quant/test_batch_invariance.py``). The rest of that
+forward was invariant already (int8 x int8 into int32 is exact) or was made so where it
+was not: the norms' sum of squares (:func:`jspec.layers.sum_square`) and the activations'
+scales (:func:`jspec.quant.qweight.quantize_rows`) go through :mod:`jspec.invariant_ops`.
+
+How, from what XLA:CPU (jax 0.10.2) was measured to do:
+- **No dots.** XLA picks a dot's kernel and blocking by shape (a matrix-vector product at
+  T = 1, a GEMM at T = 8, the contraction split by its length), which changes the order of
+  its sums. Scores and values are summed by two-operand reduces
+  (:func:`jspec.invariant_ops.plain_sum`), which XLA emits as a loop over the summed axis,
+  in index order, whatever the other axes are.
+- **No library fusion.** A plain reduce goes to XLA:CPU's YNN fusion, which took the
+  ``exp(s - m)`` after the softmax's max along at some shapes and not at others; YNN's
+  ``exp`` differs from XLA's in the last bit. The two-operand reduces are not taken.
+- **Keys past the last visible one add exact zeros**, so every bucket of the cache gives
+  the same sums.
+- **RoPE from a table** computed on the host (:func:`rope_tables`): XLA computes ``cos`` and
+  ``sin`` inside whichever fusion takes them, and two fusions of one angle differed in the
+  last bit.
+
+Measured bit for bit with an unrolled layer stack (jspec's CPU default), under XLA's default
+options and the test suite's. With a scanned stack XLA still fused the stack's last ops
+differently from one program to the next (0.03 in a logit), so a W8A8 target warns there,
+and on TPU and GPU, where none of this was measured (:func:`jspec.quant.warn_if_inexact`).
+
+The cost is speed, no BLAS: per layer on SmolLM2's heads (3 KV heads x 3, D 64), 2.1x the
+reference at batch 1 over 512 keys and 6x with an 8-node tree (1.0 against 0.55 ms, 5.7
+against 0.95). Only a target that needs it gets it, and the Pallas kernels are not used
+under it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.attention import ReferenceAttention
+from jspec.invariant_ops import plain_max, plain_sum
+
+def invariant_attend(qg, k, v, visible, D):
+    """:meth:`jspec.attention.ReferenceAttention.attend`'s contract: ``qg [B, T, KVH, G, D]``
+    over ``k, v [B, KVH, S, D]`` with ``visible`` broadcastable to ``[B, 1, 1, T, S]`` ->
+    fp32 ``[B, T, KVH, G, D]``. Every query sees at least itself."""
+    q = jnp.transpose(qg, (0, 2, 3, 1, 4)).astype(jnp.float32)           # [B, KVH, G, T, D]
+    kt = jnp.swapaxes(k.astype(jnp.float32), 2, 3)                       # [B, KVH, D, S]
+    # Summed over D with the keys minor: one loop per score, vectorized across keys.
+    s = plain_sum(q[..., None] * kt[:, :, None, None], 4) * (D ** -0.5)  # [B, KVH, G, T, S]
+    s = jnp.where(visible, s, -jnp.inf)
+    e = jnp.where(visible, jnp.exp(s - plain_max(s, 4, keepdims=True)), 0.0)
+    # Summed over keys in order from position 0: a key past the last visible one adds an
+    # exact zero, so any bucket of the cache gives the same sums.
+    out = plain_sum(e[..., None] * v.astype(jnp.float32)[:, :, None, None], 4)
+    out = out / plain_sum(e, 4)[..., None]                               # [B, KVH, G, T, D]
+    return jnp.transpose(out, (0, 3, 1, 2, 4))
+
+
+def rope_tables(positions, inv_freq: np.ndarray, max_len: int):
+    """:func:`jspec.rope.rope_tables`' ``(cos, signed sin)`` read from a table of every
+    position below ``max_len`` computed on the host (numpy, float64 rounded to float32). XLA
+    computes ``cos`` and ``sin`` inside whichever fusion takes them, and two fusions of one
+    position's angle differed in the last bit (the test options' emitters); a table is the
+    same numbers in every program. Positions past the table (padding) read its last row."""
+    half = inv_freq.shape[0]
+    angle = np.arange(max_len, dtype=np.float32)[:, None] * inv_freq[None].astype(np.float32)
+    emb = np.concatenate([angle, angle], -1).astype(np.float64)
+    sign = np.r_[-np.ones(half), np.ones(half)]
+    cos = jnp.asarray(np.cos(emb).astype(np.float32))
+    sin = jnp.asarray((np.sin(emb) * sign).astype(np.float32))
+    pos = jnp.minimum(positions, max_len - 1)
+    take = lambda t: jnp.take(t, pos, axis=0)[:, :, None]    # [B, T, 1, D]
+    return take(cos), take(sin)
+
+
+class InvariantAttention(ReferenceAttention):
+    """The reference backend (its ``prepare``, its live-length buckets, its KV writes) with
+    :func:`invariant_attend` for the arithmetic, and the RoPE tables its queries and keys
+    are rotated by (:func:`rope_tables`; :func:`jspec.llama.shared_inputs` asks for them)."""
+    attend = staticmethod(invariant_attend)
+    rope_tables = staticmethod(rope_tables)
+
+
+invariant_attention = InvariantAttention()
+
+
+def for_params(packed, attention_fn):
+    """``attention_fn``, or :data:`invariant_attention` when ``packed`` quantizes activations
+    (their int8 rounding would turn attention's shape-dependent float rounding into
+    different tokens)."""
+    from jspec.quant import quantizes_activations
+
+    return invariant_attention if quantizes_activations(packed) else attention_fn

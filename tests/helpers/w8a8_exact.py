@@ -1,0 +1,97 @@
+"""W8A8 exactness on stories260K, for ``tests/quant/test_batch_invariance.py``; run in a
+subprocess in jspec's CPU configuration (an unrolled layer stack, XLA's default options),
+which is the one W8A8 is exact in (docs/quantization.md). Writes JSON:
+
+- ``invariance``: for each (T, pages, rows) case, whether row 0's first block token has its
+  1-token step's keys and values at every layer bit for bit, and the largest logit
+  difference;
+- ``exact``: for each drafter case, whether greedy speculative tokens equal plain decoding's.
+
+Run:  python tests/helpers/w8a8_exact.py STORIES_DIR OUT [all]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jspec
+from jspec import kv_cache as kvc
+from jspec import llama
+from jspec.spec_config import SpecConfig
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from helpers.tiny_targets import drafter_of  # noqa: E402
+
+CASES = [(1, 64, 1), (4, 16, 1), (8, 64, 1), (8, 64, 2)]        # (T, pages, rows)
+SPECS = {"chain": SpecConfig.chain(4), "tree": SpecConfig(4, 4, 12)}
+FAST = [("eagle3", "tree", 4), ("ngram", "chain", 1)]
+MORE = [("eagle1", "tree", 4), ("mtp", "chain", 1), ("medusa", "tree", 1),
+        ("dflash", "chain", 4), ("eagle3", "chain", 1)]
+
+
+def invariance(target, prompt):
+    c, p = target.config, target.serving_params
+    P, ps = len(prompt), 8
+    block = [5, 17, 33, 71, 9, 12, 40, 41]
+
+    @jax.jit
+    def run(tokens, prompts, lengths, table):
+        cache = kvc.init_cache(c.num_layers, c.num_kv_heads, c.head_dim, table, table.size, ps,
+                               c.dtype)
+        pos = jnp.broadcast_to(jnp.arange(prompts.shape[1]), prompts.shape)
+        _, _, cache = llama.forward(c, p, prompts, pos, cache)
+        cache = cache.replace(lengths=lengths)
+        T = tokens.shape[1]
+        h, _, cache = llama.forward(c, p, tokens, lengths[:, None] + jnp.arange(T), cache)
+        page, slot = table[0, P // ps], P % ps              # row 0's first block position
+        kv = jnp.stack([cache.k_pages[:, :, page, slot], cache.v_pages[:, :, page, slot]])
+        return kv, llama.logits(c, p, h[:1, 0])[0]
+
+    def row0(T, M, B):
+        table = np.arange(B * M).reshape(B, M)
+        prompts = np.array([prompt, prompt[::-1]][:B])
+        tokens = np.array([block[:T], block[::-1][:T]][:B])
+        kv, logits = run(jnp.asarray(tokens), jnp.asarray(prompts),
+                         jnp.full((B,), P, jnp.int32), jnp.asarray(table))
+        return np.asarray(kv), np.asarray(logits)
+
+    kv1, l1 = row0(1, 16, 1)
+    out = {}
+    for T, M, B in CASES:
+        kv, logits = row0(T, M, B)
+        out[f"{T}-{M}-{B}"] = {"kv_equal": bool(np.array_equal(kv, kv1)),
+                               "max_logit_diff": float(np.abs(logits - l1).max())}
+    return out
+
+
+def exact(target, prompts, cases):
+    out = {}
+    for kind, spec, size in cases:
+        ps = prompts[:1] if size == 1 else prompts[1:5]
+        limits = [32] if size == 1 else [32, 9, 21, 14]
+        plain = jspec.generate(target, ps, max_new_tokens=limits, stop_ids=[])
+        res = jspec.generate(target, ps, max_new_tokens=limits, stop_ids=[],
+                             drafter=drafter_of(kind, target.config), spec=SPECS[spec])
+        out[f"{kind}-{spec}-{size}"] = res.tokens == plain.tokens
+    return out
+
+
+def main(argv=None) -> int:
+    stories, dst, *which = argv if argv is not None else sys.argv[1:]
+    cases = json.loads((Path(stories) / "reference_greedy.json").read_text())["cases"]
+    prompts = [c["prompt_token_ids"] for c in cases]
+    target = jspec.load_target(stories, quantize="w8a8")
+    doc = {"invariance": invariance(target, prompts[0]),
+           "exact": exact(target, prompts, FAST + (MORE if which == ["all"] else []))}
+    Path(dst).write_text(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

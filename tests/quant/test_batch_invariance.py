@@ -1,0 +1,122 @@
+"""Batch-invariant attention (jspec.invariant_attention): it computes the reference's
+attention, and a query's output does not move by one bit with the block it is in, the rows
+beside it or the cache bucket read; so a W8A8 target's verify pass gives every token the
+keys, values and logits of its 1-token step, and W8A8 is exact under speculation."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import qwix
+from helpers import xla_env
+
+from jspec.attention import ReferenceAttention
+from jspec.checkpoint import load_target
+from jspec.invariant_attention import for_params, invariant_attend, invariant_attention
+from jspec.quant.qweight import quantize_rows
+
+KVH, G, D = 2, 3, 16
+
+
+def _qkv(T, S, B=1, seed=0):
+    r = np.random.default_rng(seed)
+    f = lambda *s: jnp.asarray(r.standard_normal(s), jnp.float32)
+    return f(B, T, KVH, G, D), f(B, KVH, S, D), f(B, KVH, S, D)
+
+
+def _visible(T, S, live, tree=False):
+    """Keys before ``live`` plus, for the block's queries, a causal (or tree) window."""
+    B = len(live)
+    win = np.tril(np.ones((T, T), bool))
+    if tree:                                      # a branchy tree: node t sees its ancestors
+        parent = [-1] + [(t - 1) // 2 for t in range(1, T)]
+        win = np.eye(T, dtype=bool)
+        for t in range(T):
+            p = parent[t]
+            while p >= 0:
+                win[t, p], p = True, parent[p]
+    vis = np.zeros((B, T, S), bool)
+    for b, n in enumerate(live):
+        vis[b, :, :n] = True
+        vis[b, :, n:n + T] = win
+    return jnp.asarray(vis)[:, None, None]
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_it_computes_the_reference(tree):
+    q, k, v = _qkv(8, 64, B=2)
+    vis = _visible(8, 64, [21, 40], tree)
+    want = ReferenceAttention.attend(q, k, v, vis, D)
+    np.testing.assert_allclose(jax.jit(invariant_attend, static_argnums=4)(q, k, v, vis, D),
+                               want, rtol=2e-6, atol=2e-6)
+
+
+def test_a_query_is_bit_identical_across_blocks_rows_and_key_counts():
+    q, k, v = _qkv(16, 512, B=3)
+    run = jax.jit(invariant_attend, static_argnums=4)
+
+    def first_row_query(T, S, B):
+        live = [37, 5, 300][:B]
+        out = run(q[:B, :T], k[:B, :, :S], v[:B, :, :S], _visible(T, S, live), D)
+        return np.asarray(out[0, 0])
+
+    alone = first_row_query(1, 64, 1)
+    for T, S, B in [(1, 512, 1), (8, 64, 1), (16, 512, 1), (1, 64, 3), (16, 512, 3)]:
+        assert np.array_equal(first_row_query(T, S, B), alone), (T, S, B)
+
+
+@pytest.fixture(scope="module")
+def w8a8(stories_dir):
+    return load_target(stories_dir, quantize="w8a8")
+
+
+def test_only_a_target_that_quantizes_activations_gets_it(w8a8, stories_dir):
+    assert for_params(w8a8.serving_params, "given") is invariant_attention
+    for mode in (None, "int8"):
+        assert for_params(load_target(stories_dir, quantize=mode).serving_params, "given") == "given"
+
+
+def test_rows_are_quantized_as_qwix_quantizes_them():
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((9, 64)) * 3, jnp.float32)
+    x = x.at[4].set(0.0)                                  # an all-zero row: scale 1
+    want = qwix.quantize(x, jnp.int8, channelwise_axes=(0,), scale_dtype=jnp.float32)
+    got = quantize_rows(x, jnp.int8)
+    assert np.array_equal(got.qvalue, want.qvalue) and np.array_equal(got.scale, want.scale)
+
+
+def _exactness(stories_dir, tmp_path, which=()):
+    """``tests/helpers/w8a8_exact.py`` in jspec's CPU configuration: an unrolled layer stack
+    and XLA's default options (the suite scans the stack and turns LLVM's optimisations off,
+    and under those XLA fuses a scanned layer's last ops differently from one program to the
+    next: docs/quantization.md)."""
+    out = tmp_path / "w8a8.json"
+    env = dict(xla_env.full_optimisation(), JSPEC_STACKED_LAYERS="0")
+    script = Path(__file__).parents[1] / "helpers" / "w8a8_exact.py"
+    p = subprocess.run([sys.executable, str(script), str(stories_dir), str(out), *which],
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_w8a8_verify_gives_each_token_its_one_token_step_and_speculation_is_exact(stories_dir,
+                                                                                   tmp_path):
+    """A token's keys and values at every layer (so every layer's input) in a T-token block
+    equal its 1-token step's bit for bit, whatever the cache size (16 pages is one bucket of
+    the reference's live-length read, 64 has three) and beside another row; its logits (the
+    float LM head) agree to rounding; and greedy speculative decoding of the W8A8 target
+    equals its plain decoding (batch 1 and a ragged batch of 4, chain and tree)."""
+    doc = _exactness(stories_dir, tmp_path)
+    for case, r in doc["invariance"].items():
+        assert r["kv_equal"] and r["max_logit_diff"] < 1e-5, (case, r)
+    assert doc["exact"] and all(doc["exact"].values()), doc["exact"]
+
+
+@pytest.mark.slow
+def test_w8a8_speculation_is_exact_for_every_drafter_kind(stories_dir, tmp_path):
+    doc = _exactness(stories_dir, tmp_path, ["all"])
+    assert len(doc["exact"]) == 8 and all(doc["exact"].values()), doc["exact"]
