@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import qwix
 
-from jspec.invariant_ops import plain_max
+from jspec.invariant_ops import plain_max, plain_sum
 
 
 @jax.tree_util.register_dataclass
@@ -92,5 +92,27 @@ def quantized_linear(x, w: QWeight, precision=None):
                                 preferred_element_type=jnp.float32)
         return (y * w.q.scale[..., 0].astype(jnp.float32)).astype(x.dtype).reshape(
             lead + w.shape[:-1])
-    y = qwix.dot_general(lhs, w.q, dims, precision=precision)
+    if w.act is not None and w.q.scale.shape[-1] > 1:
+        y = _tiled_integer_product(lhs, w.q)
+    else:
+        y = qwix.dot_general(lhs, w.q, dims, precision=precision)
     return y.astype(x.dtype).reshape(lead + w.shape[:-1])
+
+
+def _tiled_integer_product(lhs: qwix.QArray, w: qwix.QArray):
+    """int8 rows ``[M, K]`` (one scale each) times int8 weights ``[out..., K]`` with one scale
+    per tile of the inputs (a GGUF's blocks): each tile's product in int32 (exact), scaled,
+    and the tiles summed in order by :func:`jspec.invariant_ops.plain_sum`. qwix sums the
+    tiles with a float reduce whose order moved with M on XLA:CPU, which is what W8A8's
+    exactness under speculation cannot have (:mod:`jspec.invariant_attention`)."""
+    M, K = lhs.qvalue.shape
+    nt = w.scale.shape[-1]
+    out = w.qvalue.shape[:-1]
+    xq = lhs.qvalue.reshape(M, nt, K // nt)
+    wq = w.qvalue.reshape(out + (nt, K // nt))
+    n = len(out)
+    part = jax.lax.dot_general(xq, wq, (((2,), (n + 1,)), ((1,), (n,))),
+                               preferred_element_type=jnp.int32)           # [nt, M, out...]
+    ws = jnp.moveaxis(w.scale.astype(jnp.float32), -1, 0)[:, None]          # [nt, 1, out...]
+    xs = lhs.scale.astype(jnp.float32).reshape((1, M) + (1,) * n)
+    return plain_sum(part.astype(jnp.float32) * ws, 0) * xs[0]

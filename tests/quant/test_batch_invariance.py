@@ -18,6 +18,7 @@ from helpers import xla_env
 from jspec.attention import ReferenceAttention
 from jspec.checkpoint import load_target
 from jspec.invariant_attention import for_params, invariant_attend, invariant_attention
+from jspec.quant import QuantConfig, quantize_weight, quantized_linear
 from jspec.quant.qweight import quantize_rows
 
 KVH, G, D = 2, 3, 16
@@ -87,6 +88,21 @@ def test_rows_are_quantized_as_qwix_quantizes_them():
     want = qwix.quantize(x, jnp.int8, channelwise_axes=(0,), scale_dtype=jnp.float32)
     got = quantize_rows(x, jnp.int8)
     assert np.array_equal(got.qvalue, want.qvalue) and np.array_equal(got.scale, want.scale)
+
+
+def test_tiled_w8a8_product_is_qwix_and_the_same_alone_or_batched():
+    """GGUF blocks keep one scale per 32 inputs; W8A8 sums their tiles in order."""
+    r = np.random.default_rng(3)
+    x = jnp.asarray(r.standard_normal((6, 64)), jnp.float32)
+    w = quantize_weight(jnp.asarray(r.standard_normal((2, 24, 64)), jnp.float32),
+                        QuantConfig("w8a8", tile=32), jnp.float32)
+    assert w.q.scale.shape == (2, 24, 2)
+    want = qwix.dot_general(quantize_rows(x, jnp.int8), w.q, (((1,), (2,)), ((), ())))
+    product = jax.jit(quantized_linear)
+    np.testing.assert_allclose(product(x, w), want, rtol=1e-5, atol=1e-5)
+    together = np.asarray(product(x, w))
+    for i in range(6):
+        assert np.array_equal(np.asarray(product(x[i:i + 1], w))[0], together[i])
 
 
 def _exactness(stories_dir, tmp_path, which=()):
