@@ -63,7 +63,7 @@ def is_quantized(packed) -> bool:
 
 def quantizes_activations(params) -> bool:
     """Whether any weight of ``params`` rounds its input to a quantized type (``w8a8``):
-    such a target needs batch-invariant attention (:mod:`jspec.invariant_attention`)."""
+    such a target runs a batch-invariant forward (:mod:`jspec.invariant_attention`)."""
     return any(is_qweight(x) and x.act is not None
                for x in jax.tree_util.tree_leaves(params, is_leaf=is_qweight))
 
