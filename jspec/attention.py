@@ -127,7 +127,7 @@ def reach(lengths: jax.Array, window: int, page_size: int, max_pages: int) -> ja
     return jnp.sum(pages > sizes).astype(jnp.int32)
 
 
-def live_read(cache: kvc.PagedKVCache, layer, table, branch, attend):
+def _live_read(cache: kvc.PagedKVCache, layer, table, branch, attend):
     """``attend(k, v, n)`` over the first ``n`` pages of every row (``k, v: [B, KVH, n *
     page_size, D]``), ``n`` the bucket ``branch`` picks."""
     def read(n):
@@ -161,7 +161,7 @@ class ReferenceAttention:
             block = self.prepare(cache, block.mask if isinstance(block, Block) else block, q)
         KVH = cache.k_pages.shape[1]
         qg = q.reshape(B, T, KVH, H // KVH, D)
-        o = live_read(cache, layer, block.table, block.reach, lambda k, v, n: self.attend(
+        o = _live_read(cache, layer, block.table, block.reach, lambda k, v, n: self.attend(
             qg, k, v, block.visible[:, None, None, :, :n], D))
         return o.reshape(B, T, H, D).astype(q.dtype)
 
@@ -200,7 +200,7 @@ def windowed_attention_ref(q: jax.Array, cache: kvc.WindowedCache, layer: int,
         return _softmax_attend(qg, [k, kw], [v, vw],
                                [prefix_vis[:, None, None, None], block_mask[:, None, None]], D)
 
-    o = live_read(pre, layer, table, reach(pre.lengths, 0, pre.page_size, table.shape[1]),
+    o = _live_read(pre, layer, table, reach(pre.lengths, 0, pre.page_size, table.shape[1]),
                    attend)
     return o.reshape(B, T, H, D).astype(q.dtype)
 

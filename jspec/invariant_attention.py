@@ -49,6 +49,7 @@ import numpy as np
 
 from jspec.attention import ReferenceAttention
 from jspec.invariant_ops import plain_max, plain_sum
+from jspec.quant import quantizes_activations
 
 def invariant_attend(qg, k, v, visible, D):
     """:meth:`jspec.attention.ReferenceAttention.attend`'s contract: ``qg [B, T, KVH, G, D]``
@@ -99,6 +100,4 @@ def for_params(packed, attention_fn):
     """``attention_fn``, or :data:`invariant_attention` when ``packed`` quantizes activations
     (their int8 rounding would turn attention's shape-dependent float rounding into
     different tokens)."""
-    from jspec.quant import quantizes_activations
-
     return invariant_attention if quantizes_activations(packed) else attention_fn

@@ -36,11 +36,3 @@ def plain_sum(x, axis: int, keepdims: bool = False):
     out = (a + b) * jnp.asarray(0.5, x.dtype)
     return jnp.expand_dims(out, axis) if keepdims else out
 
-
-def chain(terms):
-    """``terms[0] + terms[1] + ...`` left to right: elementwise adds, in this order on any
-    backend (XLA does not reassociate floats)."""
-    acc = terms[0]
-    for t in terms[1:]:
-        acc = acc + t
-    return acc
