@@ -305,7 +305,7 @@ def sec_quant(plan: Plan, ctx: dict) -> dict:
     weight-only, fp8, W8A8), every (mode, batch) timed round-robin."""
     import jax
 
-    from jspec.quant import quantize_target
+    from jspec.checkpoint import quantize_target
     cfg, target = make_target(plan)
     jobs, runners, nbytes = {}, {}, {}
     for mode in ("bf16", "int8", "fp8", "w8a8"):

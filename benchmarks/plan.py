@@ -161,7 +161,7 @@ def _plan(cfg, kind, mesh, spec, batch, context, max_new, page_size, draft_vocab
     if batch % data:
         raise ValueError(f"batch {batch} does not split over data={data}")
     setup = Setup(cfg, batch, context, max_new, page_size)
-    # As generate() runs it (quantized as jspec.quant.quantize_target leaves it).
+    # As generate() runs it (quantized as jspec.checkpoint.quantize_target leaves it).
     params = abstract_target_params(cfg, stacked=default_stacked(), quantize=quantize)
     pshard = packed_param_shardings(mesh, params)
     params = aot.with_shardings(params, pshard)

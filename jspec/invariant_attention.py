@@ -33,7 +33,7 @@ How, from what XLA:CPU (jax 0.10.2) was measured to do:
 Measured bit for bit with an unrolled layer stack (jspec's CPU default), under XLA's default
 options and the test suite's. With a scanned stack XLA still fused the stack's last ops
 differently from one program to the next (0.03 in a logit), so a W8A8 target warns there,
-and on TPU and GPU, where none of this was measured (:func:`jspec.quant.warn_if_inexact`).
+and on TPU and GPU, where none of this was measured (:func:`jspec.checkpoint.quantize.warn_if_inexact`).
 
 The cost is speed, no BLAS: per layer on SmolLM2's heads (3 KV heads x 3, D 64), 2.1x the
 reference at batch 1 over 512 keys and 6x with an 8-node tree (1.0 against 0.55 ms, 5.7

@@ -17,13 +17,15 @@ from jspec.checkpoint.llama2c import load_llama2c, read_header, save_llama2c
 from jspec.checkpoint import orbax_io
 from jspec.checkpoint.orbax_io import CONFIG_FILE, load_orbax, read_meta
 from jspec.checkpoint.orbax_quant import load_quantized_orbax, save_quantized_orbax
+from jspec.checkpoint.quantize import quantize_target
 from jspec.config import LlamaConfig
+from jspec.quant import as_quant_config
 from jspec.target import Target, shard_target
 from jspec.tokenizer import load_tokenizer
 
 __all__ = ["CheckpointError", "load_target", "load_config", "detect_format", "load_hf", "save_hf",
            "params_from_state_dict", "state_dict_from_params", "load_llama2c", "load_gguf",
-           "save_llama2c", "load_orbax", "save_orbax"]
+           "save_llama2c", "load_orbax", "save_orbax", "quantize_target"]
 
 
 def detect_format(path: str | os.PathLike) -> str:
@@ -58,7 +60,6 @@ def load_target(path: str | os.PathLike, dtype=None, tokenizer: str | os.PathLik
     hold; a llama2.c file is read whole and then placed. ``quantize``: ``"int8"``,
     ``"w8a8"``, ``"fp8"`` or a :class:`jspec.quant.QuantConfig` (:mod:`jspec.quant`); a
     GGUF's Q8_0 / Q4_0 blocks are kept as they are under int8 modes."""
-    from jspec.quant import as_quant_config, quantize_target
     qc = as_quant_config(quantize)          # a bad mode fails before any weight is read
     fmt = detect_format(path)
     if fmt == "llama2c":

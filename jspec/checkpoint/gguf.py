@@ -284,10 +284,10 @@ def load_gguf(path: str | os.PathLike, dtype=None, progress: Progress | None = N
               mesh=None, quantize=None) -> Target:
     """A target from a GGUF file: weights dequantized (to ``dtype``, default float32), the
     tokenizer and chat template built from its metadata (:mod:`jspec.checkpoint.gguf_tokenizer`).
-    ``quantize``: the dequantized weights quantized (:func:`jspec.quant.quantize_target`);
+    ``quantize``: the dequantized weights quantized (:func:`jspec.checkpoint.quantize.quantize_target`);
     :func:`jspec.checkpoint.load_target` keeps a file's own int8 blocks instead where it can
     (:mod:`jspec.checkpoint.gguf_blocks`)."""
-    from jspec.quant import quantize_target
+    from jspec.checkpoint.quantize import quantize_target
     from jspec.target import shard_target
 
     reader, cfg, tok = open_target(path, dtype)

@@ -128,7 +128,7 @@ def keeps_blocks(qc: QuantConfig | None) -> bool:
 
 def load_gguf_blocks(path, qc: QuantConfig, dtype=None, progress=None, mesh=None):
     """A GGUF target whose layer projections are the file's blocks (see the module doc)."""
-    from jspec.quant import place_packed, warn_if_inexact
+    from jspec.checkpoint.quantize import place_packed, warn_if_inexact
     from jspec.serving_layout import default_stacked
     from jspec.target import Target
 
@@ -136,4 +136,4 @@ def load_gguf_blocks(path, qc: QuantConfig, dtype=None, progress=None, mesh=None
     reader, cfg, tok = open_target(path, dtype)
     checked_tensors(reader, cfg)
     packed = gguf_packed_blocks(reader, cfg, qc, default_stacked(), progress)
-    return Target(cfg, place_packed(cfg, packed, mesh), tok)
+    return Target(cfg, place_packed(packed, mesh), tok)

@@ -9,7 +9,7 @@ from helpers.enumerated import PROMPT, SAMPLING, V, joint, pair_logits, pvalue, 
 
 import jspec
 from jspec.drafters import random_drafter
-from jspec.quant import quantize_target
+from jspec.checkpoint import quantize_target
 from jspec.sampling import SamplingConfig, target_probs
 from jspec.spec_config import SpecConfig
 
