@@ -32,8 +32,9 @@ How, from what XLA:CPU (jax 0.10.2) was measured to do:
 
 Measured bit for bit with an unrolled layer stack (jspec's CPU default), under XLA's default
 options and the test suite's. With a scanned stack XLA still fused the stack's last ops
-differently from one program to the next (0.03 in a logit), so a W8A8 target warns there,
-and on TPU and GPU, where none of this was measured (:func:`jspec.checkpoint.quantize.warn_if_inexact`).
+differently from one program to the next (0.03 in a logit), so a W8A8 target warns there
+(:func:`jspec.checkpoint.quantize.warn_if_inexact`). On TPU and GPU none of this was
+measured: programs for them keep the kernels (:func:`for_params`) and warn.
 
 The cost is speed, no BLAS: per layer on SmolLM2's heads (3 KV heads x 3, D 64), 2.1x the
 reference at batch 1 over 512 keys and 6x with an 8-node tree (1.0 against 0.55 ms, 5.7
@@ -49,6 +50,7 @@ import numpy as np
 
 from jspec.attention import ReferenceAttention
 from jspec.invariant_ops import plain_max, plain_sum
+from jspec.platform import target_platform
 from jspec.quant import quantizes_activations
 
 def invariant_attend(qg, k, v, visible, D):
@@ -99,5 +101,11 @@ invariant_attention = InvariantAttention()
 def for_params(packed, attention_fn):
     """``attention_fn``, or :data:`invariant_attention` when ``packed`` quantizes activations
     (their int8 rounding would turn attention's shape-dependent float rounding into
-    different tokens)."""
-    return invariant_attention if quantizes_activations(packed) else attention_fn
+    different tokens) and the program is for a CPU, the one platform where it was measured
+    batch-invariant. On TPU and GPU it would only cost: with no dots, an 8B W8A8 plan on the
+    H200 moved 29.2 GB a plain step against the kernels' 17.3 (``bench plan --topology
+    h200``), and its invariance there is unmeasured, which the load warning says
+    (:func:`jspec.checkpoint.quantize.warn_if_inexact`)."""
+    if quantizes_activations(packed) and target_platform() == "cpu":
+        return invariant_attention
+    return attention_fn
