@@ -9,4 +9,7 @@ setup(
     + ["jspec.models"],
     package_dir={"jspec.models": "checkpoints"},
     package_data={"jspec.models": ["**/*"]},
+    # SmolLM2's drafter in training and its data: kept in the repository so training resumes
+    # across sessions (checkpoints/smollm2/README.md), not shipped to users.
+    exclude_package_data={"jspec.models": ["smollm2/data/*", "smollm2/drafters/*"]},
 )
