@@ -93,6 +93,12 @@ def test_equals_transformers(request, path):
                                      f"min top-2 gap {r['min_top2_gap']:.4f}")
 
 
+def test_the_trained_head_accepts_more_than_a_random_one(generate_paths):
+    """``generate-eagle3`` drafts with the EAGLE-3 head in training, so the golden comparison
+    above covers passes that keep drafted tokens (a random head's accept length is ~1.0)."""
+    assert generate_paths["generate-eagle3-accept"] > 1.2
+
+
 @pytest.mark.slow      # the golden file pins transformers' tokens; this recomputes one row (a minute)
 def test_transformers_live(smollm2):
     """The golden's first chat row recomputed by transformers now (the ``hf`` extra)."""

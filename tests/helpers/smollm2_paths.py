@@ -3,8 +3,10 @@
 
 The suite compiles with LLVM's optimisations off (``tests/conftest.py``), which is right for its
 tiny models and wrong for a 135M one: a SmolLM2 decode step takes ~13x longer that way. This
-script runs four paths (``generate`` plain and with a random EAGLE-3 head, the engine and the
-dataset runner with it) in one process and writes their tokens as JSON.
+script runs four paths (``generate`` plain and with EAGLE-3, the engine and the dataset runner
+with a random EAGLE-3 head) in one process and writes their tokens as JSON. ``generate``'s head
+is the one in training (``checkpoints/smollm2/drafters/eagle3-wip``): it accepts more than one
+token a pass (a random head almost never does), so the golden also checks what accepting does.
 
 Run:  python tests/helpers/smollm2_paths.py GGUF GOLDEN OUT [generate|served|all]
 """
@@ -17,8 +19,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-# A short chain: a random head is (almost) never right, so every iteration verifies 3 nodes
-# and keeps 1 token; exactness is what is tested, not speed.
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A short chain: exactness is what is tested, not speed.
 CHAIN = (2, 1, 3)
 SLOTS = 2          # fewer slots than prompts: the engine refills slots as rows finish
 # The engine and the runner serve the rows two at a time, so they decode the first third of the
@@ -41,11 +46,15 @@ def run_paths(model: str, rows: list[dict], n: int, which: str = "all") -> dict[
     spec = SpecConfig(*CHAIN)
     prompts = [r["prompt_ids"] for r in rows]
     out = {}
-    for name, kw in (("plain", {}), ("eagle3", {"drafter": eagle3, "spec": spec})):
+    for name, kw in (("plain", {}), ("eagle3", {"drafter": trained_head(target), "spec": spec})):
         if which != "served":
             res = jspec.generate(target, prompts, max_new_tokens=n, stop_ids=[], **kw)
             out[f"generate-{name}"] = [list(map(int, t)) for t in res.tokens]
+            if name == "eagle3":
+                out["generate-eagle3-accept"] = float(np.mean(
+                    [s["mean_accept_len"] for s in res.stats]))
         if name == "eagle3" and which != "generate":  # plain: checked on small models
+            kw = {"drafter": eagle3, "spec": spec}
             m = min(n, SERVED_TOKENS)
             eng = Engine(target, slots=SLOTS, max_new_tokens=m, **kw)
             done = eng.generate([Request(p, m, stop_ids=[], id=i) for i, p in enumerate(prompts)])
@@ -59,6 +68,11 @@ def run_paths(model: str, rows: list[dict], n: int, which: str = "all") -> dict[
                                        ["--drafter", "random:eagle3", "--spec",
                                         ",".join(map(str, CHAIN))])
     return out
+
+
+def trained_head(target):
+    from jspec.drafters.checkpoint import load_drafter
+    return load_drafter(ROOT / "checkpoints/smollm2/drafters/eagle3-wip", target)
 
 
 def run_records(target, model: str, rows: list[dict], n: int, flags: list[str]) -> list:
