@@ -42,29 +42,27 @@ def run_paths(model: str, rows: list[dict], n: int, which: str = "all") -> dict[
     from jspec.spec_config import SpecConfig
 
     target = jspec.load_target(model)
-    eagle3 = random_drafter("eagle3", target.config, jax.random.key(3))
     spec = SpecConfig(*CHAIN)
     prompts = [r["prompt_ids"] for r in rows]
     out = {}
-    for name, kw in (("plain", {}), ("eagle3", {"drafter": trained_head(target), "spec": spec})):
-        if which != "served":
+    if which != "served":
+        for name, kw in (("plain", {}), ("eagle3", {"drafter": trained_head(target), "spec": spec})):
             res = jspec.generate(target, prompts, max_new_tokens=n, stop_ids=[], **kw)
             out[f"generate-{name}"] = [list(map(int, t)) for t in res.tokens]
-            if name == "eagle3":
-                out["generate-eagle3-accept"] = float(np.mean(
-                    [s["mean_accept_len"] for s in res.stats]))
-        if name == "eagle3" and which != "generate":  # plain: checked on small models
-            kw = {"drafter": eagle3, "spec": spec}
-            m = min(n, SERVED_TOKENS)
-            eng = Engine(target, slots=SLOTS, max_new_tokens=m, **kw)
-            done = eng.generate([Request(p, m, stop_ids=[], id=i) for i, p in enumerate(prompts)])
-            out[f"engine-{name}"] = [c.tokens for c in done]
+        # res: the EAGLE-3 run's, the loop's last
+        out["generate-eagle3-accept"] = float(np.mean([s["mean_accept_len"] for s in res.stats]))
+    if which == "generate":
+        return out
+    # Served speculatively only (plain: checked on small models), with a random head.
+    m = min(n, SERVED_TOKENS)
+    eagle3 = random_drafter("eagle3", target.config, jax.random.key(3))
+    eng = Engine(target, slots=SLOTS, max_new_tokens=m, drafter=eagle3, spec=spec)
+    done = eng.generate([Request(p, m, stop_ids=[], id=i) for i, p in enumerate(prompts)])
+    out["engine-eagle3"] = [c.tokens for c in done]
     # The runner reads records: chat rows as messages (rendered by jspec's template), text rows
     # as text (encoded by jspec's tokenizer), so this path also checks both against the golden
     # (speculative only: the rendering is the same for plain decoding, which the engine covers).
-    if which == "generate":
-        return out
-    out["runner-eagle3"] = run_records(target, model, rows, min(n, SERVED_TOKENS),
+    out["runner-eagle3"] = run_records(target, model, rows, m,
                                        ["--drafter", "random:eagle3", "--spec",
                                         ",".join(map(str, CHAIN))])
     return out
