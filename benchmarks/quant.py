@@ -9,7 +9,9 @@ held-out chat prompts, in one run.
   round-robin in one run. Without ``--drafter`` the EAGLE-3 head is random with its accept
   length forced to 3 (what each mode's verify and draft steps cost); with a trained head's
   directory, its real accept length against each target, and whether the tokens equal that
-  target's own plain output.
+  target's own plain output; where a row parts, how near a tie the two tokens were there;
+* the target's weight bytes read per token (a step reads every weight once: the weights over
+  the batch, and over the accept length when speculating).
 
 ``python -m jspec.bench quant --model smollm2 --limit 4 --max-new-tokens 48``
 """
@@ -58,7 +60,8 @@ def _load(path, mode):
     return t, time.perf_counter() - t0, nbytes
 
 
-def _dist(target, ids):
+def next_logprobs(target, ids):
+    """``[len(ids), V]``: log-softmax of the logits at every position of one teacher-forced pass."""
     from jspec import kv_cache as kvc
     from jspec.llama import forward, logits
     c, P = target.config, target.serving_params
@@ -75,12 +78,12 @@ def quality(base, targets, prompts, max_new) -> dict:
     import jspec
     ref = jspec.generate(base, prompts, max_new_tokens=max_new)
     seqs = [p + t for p, t in zip(prompts, ref.tokens)]
-    ref_lp = [_dist(base, s) for s in seqs]
+    ref_lp = [next_logprobs(base, s) for s in seqs]
     out = {}
     for mode, t in targets.items():
         agree, kl, n = 0, 0.0, 0
         for p, s, lr in zip(prompts, seqs, ref_lp):
-            lq = _dist(t, s)
+            lq = next_logprobs(t, s)
             pos = slice(len(p) - 1, len(s) - 1)
             agree += int((lq[pos].argmax(-1) == np.asarray(s[len(p):])).sum())
             kl += float((np.exp(lr[pos]) * (lr[pos] - lq[pos])).sum())
@@ -107,8 +110,10 @@ def speed(targets, prompts, max_new, drafter, batches, repeats) -> dict:
             gen = lambda t=t, rows=rows, **kw: jspec.generate(
                 t, rows, max_new_tokens=max_new, stop_ids=[], **kw)
             calls[mode, b, "plain"] = gen
+            calls[mode, b, "rows"] = rows
             calls[mode, b, "eagle3"] = functools.partial(
                 gen, drafter=d, spec=spec, **({"forced_accept": 3.0} if sim else {}))
+    rows = {k: calls.pop(k) for k in list(calls) if k[2] == "rows"}
     timed = round_robin(calls, repeats, seconds=wall_s)
     out = {}
     for (mode, b, kind), t in timed.items():
@@ -116,7 +121,44 @@ def speed(targets, prompts, max_new, drafter, batches, repeats) -> dict:
         out[mode, b, kind] = {"tok_s": b * max_new / t.median,
                               "accept": float(np.mean([s["mean_accept_len"] for s in r.stats]))
                               if kind == "eagle3" else 1.0, "tokens": r.tokens}
+    if not sim:       # forced acceptance emits no real tokens to compare
+        for mode, t in targets.items():
+            for b in batches:
+                out[mode, b, "parted"] = partings(t, rows[mode, b, "rows"],
+                                                  out[mode, b, "plain"]["tokens"],
+                                                  out[mode, b, "eagle3"]["tokens"])
     return out
+
+
+def first_parting(a, b) -> int | None:
+    """The first index where token lists ``a`` and ``b`` differ (the shorter one's end if one
+    is a prefix of the other), None where they are equal."""
+    k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return None if k == len(a) == len(b) else k
+
+
+def partings(target, rows, plain, spec) -> list[dict]:
+    """Each row whose speculative tokens leave its plain ones: where, and the gap between the
+    two tokens' logprobs there, teacher-forced on the shared prefix by ``target`` (a target that
+    is not batch-invariant may part only where that gap is within its rounding: a near-tie)."""
+    out = []
+    for i, (p, a, b) in enumerate(zip(rows, plain, spec)):
+        k = first_parting(a, b)
+        if k is None:
+            continue
+        gap = float("inf")      # one row stopped before the other: no tie to weigh
+        if k < min(len(a), len(b)):
+            lp = next_logprobs(target, p + a[:k])[-1]
+            gap = abs(float(lp[a[k]] - lp[b[k]]))
+        out.append({"row": i, "at": k, "gap": gap})
+    return out
+
+
+def equal_cell(parted: list[dict]) -> str:
+    """``yes``, or how many rows parted and the widest logprob gap where they did."""
+    if not parted:
+        return "yes"
+    return f"no: {len(parted)} rows, gap <= {max(r['gap'] for r in parted):.3f}"
 
 
 def q8_copy(src, dst) -> None:
@@ -156,7 +198,7 @@ def gguf_rows(path, prompts, seqs) -> list[dict]:
             kept, load_s, nbytes = _load(f, "int8")
             diff, kl, n = 0.0, 0.0, 0
             for p, s in zip(prompts, seqs):
-                lr, lq = _dist(ref, s), _dist(kept, s)
+                lr, lq = next_logprobs(ref, s), next_logprobs(kept, s)
                 diff = max(diff, float(np.abs(lr - lq).max()))
                 kl += float((np.exp(lr) * (lr - lq)).sum())
                 n += len(s)
@@ -197,8 +239,10 @@ def main(a) -> None:
             row[f"plain b{b} tok/s"] = pl["tok_s"]
             row[f"EAGLE-3 b{b} tok/s"] = e3["tok_s"]
             row[f"accept b{b}"] = e3["accept"]
-            if drafter is not None:      # forced acceptance emits no real tokens to compare
-                row[f"b{b} equal"] = e3["tokens"] == pl["tokens"]
+            mb = loaded[m][2] / 1e6 / b
+            row[f"MB/tok b{b} plain, EAGLE-3"] = f"{mb:.1f}, {mb / e3['accept']:.1f}"
+            if drafter is not None:
+                row[f"b{b} = own plain"] = equal_cell(sp[m, b, "parted"])
         rows.append(row)
     from jspec.bench import common
     print(f"{a.model}: {len(prompts)} held-out chat prompts, {a.max_new_tokens} new tokens, "
