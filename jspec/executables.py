@@ -17,17 +17,19 @@ log = logging.getLogger("jspec")
 _COMPILED: dict = {}
 
 
-def get(decoder, args: tuple, kwargs: dict, what: str):
+def get(decoder, args: tuple, kwargs: dict, what: str, options: dict | None = None):
     """``decoder.run`` compiled for ``args`` and its runtime keyword arguments ``kwargs``
     (sampling settings ``rows``, ``grammar``); ``what`` names it in the log (``plain decoding
-    (greedy) for batch 4, ...``)."""
+    (greedy) for batch 4, ...``); ``options``: XLA options for this compile (None: XLA's
+    defaults)."""
     leaves, tree = jax.tree.flatten((args, kwargs))
     sig = (decoder, tree, tuple((x.shape, str(x.dtype)) for x in leaves))
     exe = _COMPILED.get(sig)
     if exe is None:
         log.info("compiling %s ...", what)
         t0 = time.perf_counter()
-        exe = decoder.run.trace(decoder, *args, **kwargs).lower().compile()
+        exe = decoder.run.trace(decoder, *args, **kwargs).lower().compile(
+            compiler_options=options)
         log.info("compiled %s in %.1f s", what, time.perf_counter() - t0)
         _COMPILED[sig] = exe
     return exe

@@ -30,11 +30,16 @@ How, from what XLA:CPU (jax 0.10.2) was measured to do:
   ``sin`` inside whichever fusion takes them, and two fusions of one angle differed in the
   last bit.
 
-Measured bit for bit with an unrolled layer stack (jspec's CPU default), under XLA's default
-options and the test suite's. With a scanned stack XLA still fused the stack's last ops
-differently from one program to the next (0.03 in a logit), so a W8A8 target warns there
-(:func:`jspec.checkpoint.quantize.warn_if_inexact`). On TPU and GPU none of this was
-measured: programs for them keep the kernels (:func:`for_params`) and warn.
+Measured bit for bit with an unrolled layer stack (jspec's CPU default) for a forward
+compiled on its own. Inside ``generate``'s speculative loop XLA:CPU's fusion emitters still
+gave a verify row other bits than its 1-token step (SmolLM2 W8A8: equal through layer 4,
+5e-7 apart after it, an int8 flip at layer 21, 0.12 in a logprob, greedy output parted at
+token 7); with the legacy loop emitters every layer's input was bit-identical, so
+``generate`` compiles such programs with them (:func:`compiler_options`). The serving
+engine's programs do not take those options yet, and with a scanned stack XLA fused the
+stack's last ops differently from one program to the next (0.03 in a logit), so a W8A8 load
+says where it is exact (:func:`jspec.checkpoint.quantize.warn_if_inexact`). On TPU and GPU
+none of this was measured: programs for them keep the kernels (:func:`for_params`).
 
 The cost is speed, no BLAS: per layer on SmolLM2's heads (3 KV heads x 3, D 64), 2.1x the
 reference at batch 1 over 512 keys and 6x with an 8-node tree (1.0 against 0.55 ms, 5.7
@@ -109,3 +114,15 @@ def for_params(packed, attention_fn):
     if quantizes_activations(packed) and target_platform() == "cpu":
         return invariant_attention
     return attention_fn
+
+
+def compiler_options(params) -> dict | None:
+    """XLA options for a program over ``params``: for a target that quantizes activations,
+    compiled for a CPU, XLA:CPU's legacy loop emitters (``xla_cpu_use_fusion_emitters``
+    off). With the fusion emitters, a verify row inside ``generate``'s speculative loop left
+    its 1-token step (SmolLM2 W8A8: equal through layer 4, 5e-7 apart after it, an int8 flip
+    at layer 21, 0.12 in a logprob, greedy output parted at token 7); with the legacy ones
+    every layer's input was bit-identical (measured). None otherwise: XLA's defaults."""
+    if quantizes_activations(params) and target_platform() == "cpu":
+        return {"xla_cpu_use_fusion_emitters": False}
+    return None

@@ -22,6 +22,7 @@ import numpy as np
 
 from jspec import distributed as dist, executables, position_stats, shape_buckets as buckets
 from jspec.grammar import constraint
+from jspec.invariant_attention import compiler_options
 from jspec.admission import ADMISSIONS, admit
 from jspec.decode import STOP_REASONS, PlainDecoder
 from jspec.kernels import check_mode as check_kernels, resolve as resolve_kernels
@@ -231,7 +232,10 @@ class Plan:
         what = (f"{'plain' if self.drafter is None else 'speculative'} decoding "
                 f"({'sampled' if self.decoder.sampling.may_sample else 'greedy'}) for batch "
                 f"{B}, prompt {T}, KV {L}")
-        return executables.get(self.decoder, args, self.runtime_kwargs, what)
+        # W8A8 on CPU: the XLA options under which its verify rows keep their 1-token step's
+        # bits inside the loop (jspec.invariant_attention.compiler_options).
+        return executables.get(self.decoder, args, self.runtime_kwargs, what,
+                               compiler_options(args))
 
     def lower(self, key: jax.Array | None = None):
         """The decoder's whole program lowered with abstract arguments (nothing runs)."""

@@ -5,7 +5,9 @@ exact in (docs/quantization.md). Writes JSON:
 - ``invariance``: for each (T, pages, rows) case, whether row 0's first block token has its
   1-token step's keys and values at every layer bit for bit, and the largest logit
   difference;
-- ``exact``: for each drafter case, whether greedy speculative tokens equal plain decoding's.
+- ``exact``: for each drafter case, whether greedy speculative tokens equal plain decoding's;
+- ``logprob_diff``: for each, the largest difference of the two runs' logprobs of a token
+  they share (0 where the verify gives every token its 1-token step's logits).
 
 Run:  python tests/helpers/w8a8_exact.py STORIES_DIR OUT [all]
 """
@@ -31,9 +33,9 @@ from helpers.tiny_targets import drafter_of  # noqa: E402
 CASES = [(4, 16, 1), (8, 64, 2)]                   # (T, pages, rows); more with "all"
 MORE_CASES = [(1, 64, 1), (8, 64, 1)]
 SPECS = {"chain": SpecConfig.chain(4), "tree": SpecConfig(4, 4, 12)}
-FAST = [("eagle3", "tree", 4)]
+FAST = [("eagle3", "tree", 4), ("eagle3", "chain", 1)]
 MORE = [("ngram", "chain", 1), ("eagle1", "tree", 4), ("mtp", "chain", 1), ("medusa", "tree", 1),
-        ("dflash", "chain", 4), ("eagle3", "chain", 1)]
+        ("dflash", "chain", 4)]
 
 
 def invariance(target, prompt, cases):
@@ -72,15 +74,22 @@ def invariance(target, prompt, cases):
 
 
 def exact(target, prompts, cases):
-    out = {}
+    """Per case: whether the speculative tokens equal plain decoding's, and the largest
+    difference between the two runs' logprobs of the tokens they share before any parting."""
+    out, lp_diff = {}, {}
     for kind, spec, size in cases:
         ps = prompts[:1] if size == 1 else prompts[1:5]
         limits = [32] if size == 1 else [32, 9, 21, 14]
-        plain = jspec.generate(target, ps, max_new_tokens=limits, stop_ids=[])
-        res = jspec.generate(target, ps, max_new_tokens=limits, stop_ids=[],
+        plain = jspec.generate(target, ps, max_new_tokens=limits, stop_ids=[], logprobs=0)
+        res = jspec.generate(target, ps, max_new_tokens=limits, stop_ids=[], logprobs=0,
                              drafter=drafter_of(kind, target.config), spec=SPECS[spec])
-        out[f"{kind}-{spec}-{size}"] = res.tokens == plain.tokens
-    return out
+        name = f"{kind}-{spec}-{size}"
+        out[name] = res.tokens == plain.tokens
+        lp_diff[name] = max(abs(a.logprob - b.logprob)
+                            for ra, rb, ta, tb in zip(plain.logprobs, res.logprobs,
+                                                      plain.tokens, res.tokens)
+                            for a, b, x, y in zip(ra, rb, ta, tb) if x == y)
+    return out, lp_diff
 
 
 def main(argv=None) -> int:
@@ -89,8 +98,9 @@ def main(argv=None) -> int:
     prompts = [c["prompt_token_ids"] for c in cases]
     target = jspec.load_target(stories, quantize="w8a8")
     every = which == ["all"]
+    equal, lp_diff = exact(target, prompts, FAST + (MORE if every else []))
     doc = {"invariance": invariance(target, prompts[0], CASES + (MORE_CASES if every else [])),
-           "exact": exact(target, prompts, FAST + (MORE if every else []))}
+           "exact": equal, "logprob_diff": lp_diff}
     Path(dst).write_text(json.dumps(doc))
     return 0
 
