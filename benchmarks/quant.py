@@ -102,7 +102,7 @@ def speed(targets, prompts, max_new, drafter, batches, repeats) -> dict:
     from jspec.timing import round_robin, wall_s
     spec = SpecConfig.chain(4)
     sim = drafter is None
-    calls = {}
+    calls, rows_of = {}, {}
     for mode, t in targets.items():
         d = sim_drafter(t.config) if sim else drafter
         for b in batches:
@@ -110,10 +110,9 @@ def speed(targets, prompts, max_new, drafter, batches, repeats) -> dict:
             gen = lambda t=t, rows=rows, **kw: jspec.generate(
                 t, rows, max_new_tokens=max_new, stop_ids=[], **kw)
             calls[mode, b, "plain"] = gen
-            calls[mode, b, "rows"] = rows
+            rows_of[mode, b] = rows
             calls[mode, b, "eagle3"] = functools.partial(
                 gen, drafter=d, spec=spec, **({"forced_accept": 3.0} if sim else {}))
-    rows = {k: calls.pop(k) for k in list(calls) if k[2] == "rows"}
     timed = round_robin(calls, repeats, seconds=wall_s)
     out = {}
     for (mode, b, kind), t in timed.items():
@@ -124,7 +123,7 @@ def speed(targets, prompts, max_new, drafter, batches, repeats) -> dict:
     if not sim:       # forced acceptance emits no real tokens to compare
         for mode, t in targets.items():
             for b in batches:
-                out[mode, b, "parted"] = partings(t, rows[mode, b, "rows"],
+                out[mode, b, "parted"] = partings(t, rows_of[mode, b],
                                                   out[mode, b, "plain"]["tokens"],
                                                   out[mode, b, "eagle3"]["tokens"])
     return out

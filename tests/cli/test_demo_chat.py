@@ -5,16 +5,15 @@ fallback when SmolLM2 cannot be fetched."""
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import xla_env
+
 ROOT = Path(__file__).resolve().parents[2]
-SUITE_ONLY_FLAGS = ("--xla_backend_optimization_level", "--xla_llvm_disable_expensive_passes",
-                    "--xla_cpu_use_fusion_emitters")
 
 
 def _args(*argv):
@@ -60,10 +59,8 @@ def test_smollm2_demo_talks():
         fetch("smollm2")
     except FetchError as e:
         pytest.skip(f"SmolLM2 not cached and cannot be fetched: {e}")
-    env = dict(os.environ)
     # Full XLA optimisation: the suite's compile shortcuts make a 135M model's steps ~13x slower.
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if not f.startswith(SUITE_ONLY_FLAGS))
+    env = xla_env.full_optimisation()
     out = subprocess.run([sys.executable, "-m", "jspec", "demo", "--max-new-tokens", "64",
                           "--repeats", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=600)

@@ -4,7 +4,6 @@ beside it or the cache bucket read; so a W8A8 target's verify pass gives every t
 keys, values and logits of its 1-token step, and W8A8 is exact under speculation."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from jspec.checkpoint import load_target
 from jspec.invariant_attention import for_params, invariant_attend, invariant_attention
 from jspec.quant import QuantConfig, quantize_weight, quantized_linear
 from jspec.quant.qweight import quantize_rows
+from helpers import xla_env
 
 KVH, G, D = 2, 3, 16
 
@@ -133,10 +133,7 @@ def _exactness(stories_dir, tmp_path, which=()):
     inside the loop left its 1-token step until ``generate`` compiled such programs with
     the legacy emitters, :func:`jspec.invariant_attention.compiler_options`)."""
     out = tmp_path / "w8a8.json"
-    suite_only = {"--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true",
-                  "--xla_cpu_use_fusion_emitters=false"}
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in suite_only]
-    env = dict(os.environ, JSPEC_STACKED_LAYERS="0", XLA_FLAGS=" ".join(flags))
+    env = dict(xla_env.full_optimisation(), JSPEC_STACKED_LAYERS="0")
     script = Path(__file__).parents[1] / "helpers" / "w8a8_exact.py"
     p = subprocess.run([sys.executable, str(script), str(stories_dir), str(out), *which],
                        env=env, capture_output=True, text=True, timeout=900)
