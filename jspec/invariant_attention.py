@@ -53,7 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.attention import ReferenceAttention
+from jspec.attention import Block, ReferenceAttention, reach_buckets
 from jspec.invariant_ops import plain_max, plain_sum
 from jspec.platform import target_platform
 from jspec.quant import quantizes_activations
@@ -92,12 +92,37 @@ def rope_tables(positions, inv_freq: np.ndarray, max_len: int):
     return take(cos), take(sin)
 
 
+# The fewest keys a query's sums run over. XLA:CPU sums a reduce over fewer keys in another
+# order or fuses its exp otherwise (measured: a query's output over 32 to 112 keys differed
+# in the last bit from its output over 128, 512 or 2048, which agree; a W8A8 prompt scored
+# in a 32-key scratch cache parted from its decoding's logprobs by 0.03). Padding the keys
+# inside the program does not give the 128-key bits (XLA fuses the pad), reading pages does.
+MIN_KEYS = 128
+
+
 class InvariantAttention(ReferenceAttention):
-    """The reference backend (its ``prepare``, its live-length buckets, its KV writes) with
-    :func:`invariant_attend` for the arithmetic, and the RoPE tables its queries and keys
-    are rotated by (:func:`rope_tables`; :func:`jspec.llama.shared_inputs` asks for them)."""
+    """The reference backend (its KV writes, its live-length buckets from
+    :data:`MIN_KEYS` keys up) with :func:`invariant_attend` for the arithmetic, and the
+    RoPE tables its queries and keys are rotated by (:func:`rope_tables`;
+    :func:`jspec.llama.shared_inputs` asks for them)."""
     attend = staticmethod(invariant_attend)
     rope_tables = staticmethod(rope_tables)
+
+    def prepare(self, cache, block_mask, q) -> Block:
+        """The reference's block, reading at least :data:`MIN_KEYS` keys: a page table with
+        fewer pages is widened by pages of the pool whose slots are invisible, and the
+        live-length bucket is never one of fewer pages."""
+        block = super().prepare(cache, block_mask, q)
+        need = -(-MIN_KEYS // cache.page_size)
+        M = block.table.shape[1]
+        if M < need:
+            wide = (need - M) * cache.page_size
+            return block.replace(table=jnp.pad(block.table, ((0, 0), (0, need - M))),
+                                 visible=jnp.pad(block.visible, ((0, 0), (0, 0), (0, wide))),
+                                 reach=jnp.zeros((), jnp.int32))
+        sizes = reach_buckets(M)
+        lo = next(i for i, n in enumerate(sizes) if n >= need)
+        return block.replace(reach=jnp.maximum(block.reach, lo))
 
 
 invariant_attention = InvariantAttention()

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec import kernels as kernel_modes, kv_cache as kvc, logprobs as L, prefill as chunked
+from jspec.compiled import compiled
 from jspec.config import LlamaConfig
 from jspec.llama import forward, logits as lm_logits
 from jspec.serving_layout import pack_params
@@ -41,8 +42,9 @@ class Scorer:
     page_size: int = 16
     prefill_chunk: int | None = None
     kernels: str = "reference"          # a concrete jspec.kernels mode
+    compiler_options: tuple = ()        # XLA options (jspec.compiled.options_for the params)
 
-    @functools.partial(jax.jit, static_argnames=("self",))
+    @compiled()
     def run(self, params, prompt, prompt_lens) -> L.LogprobBuffer:
         """``prompt [B, T]`` right-padded, ``prompt_lens [B]`` -> a buffer ``[B, T']``
         (``T' >= T``) whose column ``p`` is token ``p + 1``'s logprob under the logits at

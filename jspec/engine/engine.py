@@ -46,6 +46,7 @@ from jspec.engine.logprob_host import EngineLogprobs, check_k, check_request as 
 from jspec.engine.pages import PagePool
 from jspec.engine.requests import Completion, Delta, Request, prompt_ids, row_key
 from jspec.engine.buckets import bucket_of, buckets_for, prompt_buckets
+from jspec.compiled import options_for
 from jspec.engine.policy import Policy, mode_label, resolve_policy
 from jspec.engine.programs import PLAIN, Programs
 from jspec.engine.stop_strings import FINISH_REASONS, TextStream, check_stop, match_tokens, stable
@@ -151,7 +152,8 @@ class Engine(LiveEngine):
             sampling=sampling, slots=B, max_new_tokens=self.max_new_tokens, max_depth=S,
             max_nodes=max(N, 1), page_size=page_size, num_pages=num_pages, max_pages=max_pages,
             stop_width=stop_width, chunk=chunk, kernels=kernels, mesh=mesh,
-            prefill_chunk=prefill_chunk, logprobs_k=self.logprobs_k)
+            prefill_chunk=prefill_chunk, logprobs_k=self.logprobs_k,
+            compiler_options=options_for(target.serving_params))
         self._lp = EngineLogprobs(self.programs, self.prompt_buckets, self.logprobs_k,
                                   lambda: (self.target.serving_params, self._on_mesh()))
         self._dparams = None if drafter is None else self.drafter.params

@@ -87,10 +87,10 @@ class PromptScorer:
     prompt scoring shares one program per bucket."""
 
     def __init__(self, config, buckets: list[int], page_size: int, prefill_chunk, kernels: str,
-                 logprobs_k: int | None):
+                 logprobs_k: int | None, compiler_options: tuple = ()):
         self.config, self.buckets = config, buckets
         self.page_size, self.prefill_chunk, self.kernels = page_size, prefill_chunk, kernels
-        self.logprobs_k = logprobs_k
+        self.logprobs_k, self.compiler_options = logprobs_k, compiler_options
 
     def score(self, params, ids, k: int) -> list[L.TokenLogprob | None]:
         k = L.check_k(k, "k")
@@ -109,7 +109,7 @@ class PromptScorer:
         prompt = np.zeros((1, T), np.int32)
         prompt[0, :len(ids)] = ids
         scorer = Scorer(self.config, max(k, self.logprobs_k or 0), self.page_size,
-                        self.prefill_chunk, self.kernels)
+                        self.prefill_chunk, self.kernels, self.compiler_options)
         buf = scorer.run(params, jnp.asarray(prompt), jnp.asarray([len(ids)], jnp.int32))
         return score_host(buf, ids, k)
 
@@ -129,7 +129,7 @@ class EngineLogprobs:
         self.reader = WindowReader(min(1 + p.chunk * (p.max_depth + 1),
                                        p.max_new_tokens + p.max_depth + 1))
         self.scorer = PromptScorer(p.config, prompt_buckets, p.page_size, p.prefill_chunk,
-                                   p.kernels, logprobs_k)
+                                   p.kernels, logprobs_k, p.compiler_options)
 
     def window(self, core, live: list[int], slots: list) -> Window | None:
         """Every slot's new columns (from what it has sent), or None when no live request

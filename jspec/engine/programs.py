@@ -27,7 +27,6 @@ argmax alone, and its slots carry no settings.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -39,6 +38,7 @@ from jspec.config import LlamaConfig
 from jspec.decode import (MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, PlainDecoder, emit_block,
                           finite_rows)
 from jspec.engine import rows as R
+from jspec.compiled import compiled
 from jspec.grammar import device as gdev
 from jspec.grammar.host import rows_state as ghost_rows
 from jspec.llama import forward, logits as lm_logits
@@ -89,6 +89,9 @@ class Programs:
     prefill_chunk: int | None = None  # insert's prefill chunk (jspec.prefill; None: default)
     sync_block: int = 32            # positions per block forward of :meth:`sync`
     logprobs_k: int | None = None   # static (jspec.logprobs): None computes and keeps none
+    # XLA options every program compiles with, as (name, value) pairs (jspec.engine.compiled;
+    # a W8A8 target's on CPU: jspec.invariant_attention.compiler_options); (): XLA's defaults.
+    compiler_options: tuple = ()
 
     # ----------------------------------------------------------------- helpers
     def pinned(self, state: SlotState) -> SlotState:
@@ -135,7 +138,7 @@ class Programs:
                          grammar_host=ghost)
 
     # ---------------------------------------------------------------- programs
-    @functools.partial(jax.jit, static_argnames=("self",))
+    @compiled()
     def init(self, params, dparams) -> SlotState:
         """Every slot free: no pages, done, nothing generated."""
         c = self.config
@@ -153,7 +156,7 @@ class Programs:
         return self.pinned(self._row(cache, dstate, zero, keys, jnp.ones((B,), bool), stops,
                                      zero, prompt=prompt, rows=self.sampling.rows(B)))
 
-    @functools.partial(jax.jit, static_argnames=("self", "lazy"), donate_argnames=("state",))
+    @compiled(static=("lazy",), donate=("state",))
     def insert(self, params, dparams, state: SlotState, slot, prompt, prompt_len, table, stops,
                max_new, key, sampling=None, lazy: bool = False, grammar=None) -> SlotState:
         """Prefill ``prompt [1, T]`` into the pages of ``table [1, max_pages]`` and make it
@@ -214,7 +217,7 @@ class Programs:
                         first_lp, rows, None if g is None else g.state, ghost)
         return self.pinned(R.put(state, row, slot[None], self.slots))
 
-    @functools.partial(jax.jit, static_argnames=("self", "spec"), donate_argnames=("state",))
+    @compiled(static=("spec",), donate=("state",))
     def decode(self, params, dparams, state: SlotState, rows, spec: SpecConfig | str | None = PLAIN,
                grammar=None) -> SlotState:
         """Up to ``chunk`` iterations (fewer when every row in ``rows`` is done) for slots
@@ -264,7 +267,7 @@ class Programs:
         step = lambda s: self.plain_iteration(params, s, sub.stop_ids, sub.max_new)
         return self._loop(step, sub.core, lambda s: s.done)
 
-    @functools.partial(jax.jit, static_argnames=("self",), donate_argnames=("state",))
+    @compiled(donate=("state",))
     def sync(self, params, dparams, state: SlotState, rows) -> SlotState:
         """Catch the drafter of slots ``rows [b]`` up with their target: for each position
         a plain chunk decoded, the target's features are recomputed (a block forward over

@@ -7,7 +7,11 @@ exact in (docs/quantization.md). Writes JSON:
   difference;
 - ``exact``: for each drafter case, whether greedy speculative tokens equal plain decoding's;
 - ``logprob_diff``: for each, the largest difference of the two runs' logprobs of a token
-  they share (0 where the verify gives every token its 1-token step's logits).
+  they share (0 where the verify gives every token its 1-token step's logits);
+- ``engine``: the same two measures for the serving engine (2 slots, refilled, a ragged
+  batch of 4 requests) with an EAGLE-3 drafter, chain and tree, against plain ``generate``;
+  and ``score_diff``, the largest difference of its output's logprobs from its echo
+  scoring of prompt + output (a teacher-forced prefill in a program of its own).
 
 Run:  python tests/helpers/w8a8_exact.py STORIES_DIR OUT [all]
 """
@@ -25,12 +29,15 @@ import numpy as np
 import jspec
 from jspec import kv_cache as kvc
 from jspec import llama
+from jspec.engine import Engine, Request
 from jspec.spec_config import SpecConfig
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from helpers.tiny_targets import drafter_of  # noqa: E402
 
-CASES = [(4, 16, 1), (8, 64, 2)]                   # (T, pages, rows); more with "all"
+# (T, pages of 8 slots, rows); more with "all". 4 pages: a cache of 32 keys, fewer than the
+# base's 128 (jspec.invariant_attention.MIN_KEYS).
+CASES = [(4, 16, 1), (8, 64, 2), (4, 4, 1)]
 MORE_CASES = [(1, 64, 1), (8, 64, 1)]
 SPECS = {"chain": SpecConfig.chain(4), "tree": SpecConfig(4, 4, 12)}
 FAST = [("eagle3", "tree", 4), ("eagle3", "chain", 1)]
@@ -73,6 +80,13 @@ def invariance(target, prompt, cases):
     return out
 
 
+def _lp_diff(tokens, logprobs, plain):
+    """The largest difference of two runs' logprobs of the tokens they share."""
+    return max(abs(a.logprob - b.logprob)
+               for ra, rb, ta, tb in zip(plain.logprobs, logprobs, plain.tokens, tokens)
+               for a, b, x, y in zip(ra, rb, ta, tb) if x == y)
+
+
 def exact(target, prompts, cases):
     """Per case: whether the speculative tokens equal plain decoding's, and the largest
     difference between the two runs' logprobs of the tokens they share before any parting."""
@@ -85,11 +99,28 @@ def exact(target, prompts, cases):
                              drafter=drafter_of(kind, target.config), spec=SPECS[spec])
         name = f"{kind}-{spec}-{size}"
         out[name] = res.tokens == plain.tokens
-        lp_diff[name] = max(abs(a.logprob - b.logprob)
-                            for ra, rb, ta, tb in zip(plain.logprobs, res.logprobs,
-                                                      plain.tokens, res.tokens)
-                            for a, b, x, y in zip(ra, rb, ta, tb) if x == y)
+        lp_diff[name] = _lp_diff(res.tokens, res.logprobs, plain)
     return out, lp_diff
+
+
+def engine(target, prompts):
+    """The serving engine's speculative output against plain ``generate``, per spec."""
+    ps, limits = prompts[1:5], [32, 9, 21, 14]
+    plain = jspec.generate(target, ps, max_new_tokens=limits, stop_ids=[], logprobs=0)
+    out = {}
+    for spec in ("chain", "tree"):
+        eng = Engine(target, drafter_of("eagle3", target.config), slots=2, spec=SPECS[spec],
+                     max_new_tokens=32, chunk=3, logprobs_k=0)
+        done = eng.generate([Request(p, n, stop_ids=[], id=i, logprobs=0)
+                             for i, (p, n) in enumerate(zip(ps, limits))])
+        tokens = [c.tokens for c in done]
+        # Echo scoring (its own program) of each prompt + output against the decoded logprobs.
+        echo = [eng.score(p + c.tokens)[len(p):] for p, c in zip(ps, done)]
+        out[spec] = {"exact": tokens == plain.tokens,
+                     "logprob_diff": _lp_diff(tokens, [c.logprobs for c in done], plain),
+                     "score_diff": max(abs(a.logprob - b.logprob) for c, e in zip(done, echo)
+                                       for a, b in zip(c.logprobs, e))}
+    return out
 
 
 def main(argv=None) -> int:
@@ -100,7 +131,7 @@ def main(argv=None) -> int:
     every = which == ["all"]
     equal, lp_diff = exact(target, prompts, FAST + (MORE if every else []))
     doc = {"invariance": invariance(target, prompts[0], CASES + (MORE_CASES if every else [])),
-           "exact": equal, "logprob_diff": lp_diff}
+           "exact": equal, "logprob_diff": lp_diff, "engine": engine(target, prompts)}
     Path(dst).write_text(json.dumps(doc))
     return 0
 
