@@ -35,11 +35,14 @@ compiled on its own. Inside ``generate``'s speculative loop XLA:CPU's fusion emi
 gave a verify row other bits than its 1-token step (SmolLM2 W8A8: equal through layer 4,
 5e-7 apart after it, an int8 flip at layer 21, 0.12 in a logprob, greedy output parted at
 token 7); with the legacy loop emitters every layer's input was bit-identical, so
-``generate`` compiles such programs with them (:func:`compiler_options`). The serving
-engine's programs do not take those options yet, and with a scanned stack XLA fused the
-stack's last ops differently from one program to the next (0.03 in a logit), so a W8A8 load
-says where it is exact (:func:`jspec.checkpoint.quantize.warn_if_inexact`). On TPU and GPU
-none of this was measured: programs for them keep the kernels (:func:`for_params`).
+every program over such a target compiles with them (:func:`compiler_options`: ``generate``
+through :mod:`jspec.plan`, the serving engine and its prompt scorer through
+:mod:`jspec.compiled`). A read of fewer than :data:`MIN_KEYS` keys summed in another order,
+so every read takes at least that many (:meth:`InvariantAttention.prepare`). With a scanned
+stack XLA fused the stack's last ops differently from one program to the next (0.03 in a
+logit), so a W8A8 load says where it is exact
+(:func:`jspec.checkpoint.quantize.warn_if_inexact`). On TPU and GPU none of this was
+measured: programs for them keep the kernels (:func:`for_params`).
 
 The cost is speed, no BLAS: per layer on SmolLM2's heads (3 KV heads x 3, D 64), 2.1x the
 reference at batch 1 over 512 keys and 6x with an 8-node tree (1.0 against 0.55 ms, 5.7

@@ -23,25 +23,23 @@ __all__ = ["place_packed", "quantize_target", "warn_if_inexact"]
 
 def warn_if_inexact(qc: QuantConfig) -> None:
     """W8A8 rounds activations to int8, so a float difference of one bit between two shapes
-    (a verify block against a 1-token step) can move a token. ``generate`` is token-exact on
-    a W8A8 target on XLA:CPU with an unrolled layer stack (jspec's CPU default): a
-    batch-invariant forward (:mod:`jspec.invariant_attention`) compiled with the options
-    that keep it so inside the loop (:func:`jspec.invariant_attention.compiler_options`).
-    The serving engine's programs are compiled without them (a verify row there can leave
-    its 1-token step: SmolLM2's greedy output parted at token 7 under those options), a
-    scanned stack fused differently from one program to the next, and TPU/GPU are
-    unmeasured; the warning says which (docs/quantization.md)."""
+    (a verify block against a 1-token step) can move a token. On XLA:CPU with an unrolled
+    layer stack (jspec's CPU default) a W8A8 target runs a batch-invariant forward
+    (:mod:`jspec.invariant_attention`), and ``generate``, the serving engine and its prompt
+    scoring compile with the options that keep it so inside a loop
+    (:func:`jspec.invariant_attention.compiler_options`): token-exact there. A scanned stack
+    fused differently from one program to the next, and TPU/GPU are unmeasured; the warning
+    says where it is exact (docs/quantization.md)."""
     if not qc.activations:
         return
-    where = ("generate is token-exact here; the serving engine (serve, run) is not yet"
-             if target_platform() == "cpu" and not default_stacked() else
-             f"not here ({target_platform()}, {'scanned' if default_stacked() else 'unrolled'}"
-             " layers)")
+    where = ("it is here" if target_platform() == "cpu" and not default_stacked() else
+             f"not here: {target_platform()}, "
+             f"{'scanned' if default_stacked() else 'unrolled'} layers")
     logging.getLogger("jspec").warning(
         "quantize=w8a8: speculative decoding equals plain decoding of a W8A8 target only on "
-        "CPU with an unrolled layer stack, in generate (%s): rounding activations to int8 "
-        "turns a last-bit difference between a verify block and a 1-token step into another "
-        "token now and then; int8 and fp8 (weight-only) are exact everywhere", where)
+        "CPU with an unrolled layer stack (%s): rounding activations to int8 turns a "
+        "last-bit difference between a verify block and a 1-token step into another token "
+        "now and then; int8 and fp8 (weight-only) are exact everywhere", where)
 
 
 def _mesh_of(params):
