@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.attention import Block, ReferenceAttention, reach_buckets
+from jspec.attention import LIVE_MIN_PAGES, Block, ReferenceAttention, reach, reach_buckets
 from jspec.invariant_ops import plain_max, plain_sum
 from jspec.platform import target_platform
 from jspec.quant import quantizes_activations
@@ -100,6 +100,9 @@ def rope_tables(positions, inv_freq: np.ndarray, max_len: int):
 # in the last bit from its output over 128, 512 or 2048, which agree; a W8A8 prompt scored
 # in a 32-key scratch cache parted from its decoding's logprobs by 0.03). Padding the keys
 # inside the program does not give the 128-key bits (XLA fuses the pad), reading pages does.
+# A read outside the live-length buckets' switch (a table of fewer than LIVE_MIN_PAGES
+# pages) is fused with its neighbours otherwise too (SmolLM2 W8A8 scored in a 128-key cache:
+# 0.46 from its decoding's logprobs), so small tables are widened to take the switch.
 MIN_KEYS = 128
 
 
@@ -113,18 +116,18 @@ class InvariantAttention(ReferenceAttention):
 
     def prepare(self, cache, block_mask, q) -> Block:
         """The reference's block, reading at least :data:`MIN_KEYS` keys: a page table with
-        fewer pages is widened by pages of the pool whose slots are invisible, and the
-        live-length bucket is never one of fewer pages."""
+        fewer pages than that or than :data:`jspec.attention.LIVE_MIN_PAGES` is widened by
+        pages of the pool whose slots are invisible, so that every read goes through the
+        live-length buckets, and the bucket is never one of fewer keys."""
         block = super().prepare(cache, block_mask, q)
-        need = -(-MIN_KEYS // cache.page_size)
-        M = block.table.shape[1]
+        M, ps = block.table.shape[1], cache.page_size
+        need = max(-(-MIN_KEYS // ps), LIVE_MIN_PAGES)
         if M < need:
-            wide = (need - M) * cache.page_size
-            return block.replace(table=jnp.pad(block.table, ((0, 0), (0, need - M))),
-                                 visible=jnp.pad(block.visible, ((0, 0), (0, 0), (0, wide))),
-                                 reach=jnp.zeros((), jnp.int32))
-        sizes = reach_buckets(M)
-        lo = next(i for i, n in enumerate(sizes) if n >= need)
+            block = block.replace(
+                table=jnp.pad(block.table, ((0, 0), (0, need - M))),
+                visible=jnp.pad(block.visible, ((0, 0), (0, 0), (0, (need - M) * ps))),
+                reach=reach(cache.lengths, block.mask.shape[-1], ps, need))
+        lo = next(i for i, n in enumerate(reach_buckets(max(M, need))) if n * ps >= MIN_KEYS)
         return block.replace(reach=jnp.maximum(block.reach, lo))
 
 
