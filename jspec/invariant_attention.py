@@ -61,19 +61,50 @@ from jspec.invariant_ops import plain_max, plain_sum
 from jspec.platform import target_platform
 from jspec.quant import quantizes_activations
 
+# The largest block whose queries each read their visible keys compacted (a verify: chain or
+# tree); a longer one (a prefill chunk, causal) reads them where they are.
+MAX_COMPACT = 64
+
+
+def compact_visible(k, v, visible):
+    """Each query's visible keys and values moved to the front, in slot order: ``k, v [B,
+    KVH, S, D]``, ``visible [B, 1, 1, T, S]`` -> ``[B, KVH, T, S, D]`` each and the
+    visibility ``[B, 1, 1, T, S]`` of the compacted slots (the first ``n`` of a query that
+    sees ``n`` keys). Why: XLA:CPU's sum over keys rounds by slot position (in lanes), not
+    purely in order, and a tree node's ancestors sit at its verify block's slots, not where
+    its 1-token step has them, after the path decoded in sequence (one bit in an 8-node tree,
+    measured; SmolLM2 W8A8's tree speculation parted from plain decoding at token 8-57).
+    Compacted, a node sees the prefix and then its path at consecutive slots, as its step
+    does; a causal block is unchanged."""
+    B, T, S = visible.shape[0], visible.shape[3], k.shape[2]
+    vis = jnp.broadcast_to(visible, (B, 1, 1, T, S)).reshape(B, T, S)
+    rank = jnp.where(vis, jnp.cumsum(vis, -1, dtype=jnp.int32) - 1, S)    # S: dropped
+    slot = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, T, S))
+    b, t = jnp.arange(B)[:, None, None], jnp.arange(T)[None, :, None]
+    idx = jnp.zeros((B, T, S), jnp.int32).at[b, t, rank].set(slot, mode="drop")
+    take = lambda x: jnp.take_along_axis(x[:, :, None], idx[:, None, :, :, None], axis=3)
+    count = jnp.sum(vis, -1, dtype=jnp.int32)
+    return take(k), take(v), (jnp.arange(S)[None, None] < count[..., None])[:, None, None]
+
+
 def invariant_attend(qg, k, v, visible, D):
     """:meth:`jspec.attention.ReferenceAttention.attend`'s contract: ``qg [B, T, KVH, G, D]``
     over ``k, v [B, KVH, S, D]`` with ``visible`` broadcastable to ``[B, 1, 1, T, S]`` ->
     fp32 ``[B, T, KVH, G, D]``. Every query sees at least itself."""
+    T = qg.shape[1]
+    if 1 < T <= MAX_COMPACT:
+        k, v, visible = compact_visible(k, v, visible)                  # [B, KVH, T, S, D]
+    else:
+        k, v = k[:, :, None], v[:, :, None]                              # [B, KVH, 1, S, D]
     q = jnp.transpose(qg, (0, 2, 3, 1, 4)).astype(jnp.float32)           # [B, KVH, G, T, D]
-    kt = jnp.swapaxes(k.astype(jnp.float32), 2, 3)                       # [B, KVH, D, S]
+    kt = jnp.swapaxes(k.astype(jnp.float32), 3, 4)                       # [B, KVH, T|1, D, S]
     # Summed over D with the keys minor: one loop per score, vectorized across keys.
-    s = plain_sum(q[..., None] * kt[:, :, None, None], 4) * (D ** -0.5)  # [B, KVH, G, T, S]
+    s = plain_sum(q[..., None] * kt[:, :, None], 4) * (D ** -0.5)        # [B, KVH, G, T, S]
     s = jnp.where(visible, s, -jnp.inf)
     e = jnp.where(visible, jnp.exp(s - plain_max(s, 4, keepdims=True)), 0.0)
-    # Summed over keys in order from position 0: a key past the last visible one adds an
-    # exact zero, so any bucket of the cache gives the same sums.
-    out = plain_sum(e[..., None] * v.astype(jnp.float32)[:, :, None, None], 4)
+    # Summed over keys from position 0: a key past the last visible one adds an exact zero,
+    # so any bucket of the cache gives the same sums.
+    out = plain_sum(e[..., None] * v.astype(jnp.float32)[:, :, None], 4)
     out = out / plain_sum(e, 4)[..., None]                               # [B, KVH, G, T, D]
     return jnp.transpose(out, (0, 3, 1, 2, 4))
 
