@@ -11,7 +11,9 @@ exact in (docs/quantization.md). Writes JSON:
 - ``engine``: the same two measures for the serving engine (2 slots, refilled, a ragged
   batch of 4 requests) with an EAGLE-3 drafter, chain and tree, against plain ``generate``;
   and ``score_diff``, the largest difference of its output's logprobs from its echo
-  scoring of prompt + output (a teacher-forced prefill in a program of its own).
+  scoring of prompt + output (a teacher-forced prefill in a program of its own);
+- ``tree_node_diff``: the largest difference between a verify tree node's attention output
+  and its 1-token step's after its path (0: bit-identical).
 
 Run:  python tests/helpers/w8a8_exact.py STORIES_DIR OUT [all]
 """
@@ -80,6 +82,42 @@ def invariance(target, prompt, cases):
     return out
 
 
+def tree_node_diff(target):
+    """The largest difference between a verify tree's node's attention output and its
+    1-token step's after its path was decoded in sequence (SmolLM2's head shapes), compiled
+    as ``target``'s programs are."""
+    from jspec.invariant_attention import compiler_options, invariant_attend
+    KVH, G, D = 3, 3, 64
+    parent = [-1, 0, 0, 1, 1, 2, 3, 5]
+    T, live, S = len(parent), 100, 512
+    r = np.random.default_rng(4)
+    f = lambda *s: r.standard_normal(s).astype(np.float32)
+    kp, vp, kn, vn, qn = f(1, KVH, S, D), f(1, KVH, S, D), f(T, KVH, D), f(T, KVH, D), \
+        f(T, KVH, G, D)
+    run = jax.jit(invariant_attend, static_argnums=4,
+                  compiler_options=compiler_options(target.serving_params))
+    path = lambda t: [] if t < 0 else path(parent[t]) + [t]
+    k, v = kp.copy(), vp.copy()
+    k[0, :, live:live + T], v[0, :, live:live + T] = kn.swapaxes(0, 1), vn.swapaxes(0, 1)
+    vis = np.zeros((1, T, S), bool)
+    vis[0, :, :live] = True
+    for t in range(T):
+        vis[0, t, [live + a for a in path(t)]] = True
+    tree = np.asarray(run(jnp.asarray(qn[None]), jnp.asarray(k), jnp.asarray(v),
+                          jnp.asarray(vis)[:, None, None], D))[0]
+    worst = 0.0
+    for t in range(T):
+        k1, v1 = kp.copy(), vp.copy()
+        for j, a in enumerate(path(t)):
+            k1[0, :, live + j], v1[0, :, live + j] = kn[a], vn[a]
+        vis1 = np.zeros((1, 1, S), bool)
+        vis1[0, 0, :live + len(path(t))] = True
+        step = run(jnp.asarray(qn[None, t:t + 1]), jnp.asarray(k1), jnp.asarray(v1),
+                   jnp.asarray(vis1)[:, None, None], D)
+        worst = max(worst, float(np.abs(np.asarray(step)[0, 0] - tree[t]).max()))
+    return worst
+
+
 def _lp_diff(tokens, logprobs, plain):
     """The largest difference of two runs' logprobs of the tokens they share."""
     return max(abs(a.logprob - b.logprob)
@@ -131,7 +169,8 @@ def main(argv=None) -> int:
     every = which == ["all"]
     equal, lp_diff = exact(target, prompts, FAST + (MORE if every else []))
     doc = {"invariance": invariance(target, prompts[0], CASES + (MORE_CASES if every else [])),
-           "exact": equal, "logprob_diff": lp_diff, "engine": engine(target, prompts)}
+           "exact": equal, "logprob_diff": lp_diff, "engine": engine(target, prompts),
+           "tree_node_diff": tree_node_diff(target)}
     Path(dst).write_text(json.dumps(doc))
     return 0
 
