@@ -7,10 +7,10 @@ rows to keep their 1-token step's bits inside a loop
 (:func:`jspec.invariant_attention.compiler_options`); without them the serving engine's
 speculative output parted from plain decoding (stories260K: tokens, and 0.09 in a
 logprob). Every program over one target takes the same options (the engine's
-:class:`jspec.engine.programs.Programs`, its prompt :class:`jspec.scoring.Scorer`), so
-that its logprobs agree wherever they are computed. So each method keeps one jitted function per distinct set of options, made on
-first use; equal instances share it and its compiled programs, as a plain ``jax.jit`` with
-``self`` static would.
+:class:`jspec.engine.programs.Programs`, its prompt :class:`jspec.scoring.Scorer`), so that
+its logprobs agree wherever they are computed. So each method keeps one jitted function per
+distinct set of options, made on first use; equal instances share it and its compiled
+programs, as a plain ``jax.jit`` with ``self`` static would.
 """
 
 from __future__ import annotations

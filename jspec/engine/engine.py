@@ -40,13 +40,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec import kv_cache as kvc
+from jspec.compiled import options_for
 from jspec.engine.grammars import SlotGrammars, automaton_for, grammar_kw, insert_grammar
 from jspec.engine.live import Checked, LiveEngine
 from jspec.engine.logprob_host import EngineLogprobs, check_k, check_request as check_logprobs
 from jspec.engine.pages import PagePool
 from jspec.engine.requests import Completion, Delta, Request, prompt_ids, row_key
 from jspec.engine.buckets import bucket_of, buckets_for, prompt_buckets
-from jspec.compiled import options_for
 from jspec.engine.policy import Policy, mode_label, resolve_policy
 from jspec.engine.programs import PLAIN, Programs
 from jspec.engine.stop_strings import FINISH_REASONS, TextStream, check_stop, match_tokens, stable

@@ -34,11 +34,11 @@ import jax.numpy as jnp
 from flax import struct
 
 from jspec import kernels as kernel_modes, kv_cache as kvc, logprobs, position_stats
+from jspec.compiled import compiled
 from jspec.config import LlamaConfig
 from jspec.decode import (MAX_NEW_TOKENS, RUNNING, TRACE_COUNTS, PlainDecoder, emit_block,
                           finite_rows)
 from jspec.engine import rows as R
-from jspec.compiled import compiled
 from jspec.grammar import device as gdev
 from jspec.grammar.host import rows_state as ghost_rows
 from jspec.llama import forward, logits as lm_logits
@@ -89,7 +89,7 @@ class Programs:
     prefill_chunk: int | None = None  # insert's prefill chunk (jspec.prefill; None: default)
     sync_block: int = 32            # positions per block forward of :meth:`sync`
     logprobs_k: int | None = None   # static (jspec.logprobs): None computes and keeps none
-    # XLA options every program compiles with, as (name, value) pairs (jspec.engine.compiled;
+    # XLA options every program compiles with, as (name, value) pairs (jspec.compiled;
     # a W8A8 target's on CPU: jspec.invariant_attention.compiler_options); (): XLA's defaults.
     compiler_options: tuple = ()
 

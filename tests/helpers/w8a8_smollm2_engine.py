@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     doc = {}
     for name, spec in (("chain", SpecConfig(4, 1, 5)), ("tree", None)):
         eng = Engine(target, drafter, slots=4, spec=spec, max_new_tokens=N, chunk=4,
-                     logprobs_k=0)
+                     logprobs_k=0, max_len=512)
         done = eng.generate([Request(p, N, stop_ids=[], id=i, logprobs=0)
                              for i, p in enumerate(prompts)])
         partings, lp = [], 0.0
