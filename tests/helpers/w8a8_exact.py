@@ -34,7 +34,8 @@ from jspec import llama
 from jspec.engine import Engine, Request
 from jspec.spec_config import SpecConfig
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
+sys.path[:0] = [str(Path(__file__).parents[1]), str(Path(__file__).parents[2])]
+from benchmarks.quant import first_parting  # noqa: E402
 from helpers.tiny_targets import drafter_of  # noqa: E402
 
 # (T, pages of 8 slots, rows); more with "all". 4 pages: a cache of 32 keys, fewer than the
@@ -118,7 +119,7 @@ def tree_node_diff(target):
     return worst
 
 
-def _lp_diff(tokens, logprobs, plain):
+def lp_diff(tokens, logprobs, plain):
     """The largest difference of two runs' logprobs of the tokens they share."""
     return max(abs(a.logprob - b.logprob)
                for ra, rb, ta, tb in zip(plain.logprobs, logprobs, plain.tokens, tokens)
@@ -128,7 +129,7 @@ def _lp_diff(tokens, logprobs, plain):
 def exact(target, prompts, cases):
     """Per case: whether the speculative tokens equal plain decoding's, and the largest
     difference between the two runs' logprobs of the tokens they share before any parting."""
-    out, lp_diff = {}, {}
+    out, diffs = {}, {}
     for kind, spec, size in cases:
         ps = prompts[:1] if size == 1 else prompts[1:5]
         limits = [32] if size == 1 else [32, 9, 21, 14]
@@ -137,8 +138,23 @@ def exact(target, prompts, cases):
                              drafter=drafter_of(kind, target.config), spec=SPECS[spec])
         name = f"{kind}-{spec}-{size}"
         out[name] = res.tokens == plain.tokens
-        lp_diff[name] = _lp_diff(res.tokens, res.logprobs, plain)
-    return out, lp_diff
+        diffs[name] = lp_diff(res.tokens, res.logprobs, plain)
+    return out, diffs
+
+
+def engine_vs_plain(eng, prompts, limits, plain) -> dict:
+    """The engine's greedy run of ``prompts`` (``limits`` new tokens each) against plain
+    ``generate``'s ``plain``: each row's first parting (None: equal), the largest difference
+    of the two runs' logprobs of a token they share, and the largest of its logprobs from its
+    echo scoring of prompt + output (a prefill in a program of its own)."""
+    done = eng.generate([Request(p, n, stop_ids=[], id=i, logprobs=0)
+                         for i, (p, n) in enumerate(zip(prompts, limits))])
+    tokens = [c.tokens for c in done]
+    echo = [eng.score(p + c.tokens)[len(p):] for p, c in zip(prompts, done)]
+    return {"partings": [first_parting(a, b) for a, b in zip(tokens, plain.tokens)],
+            "logprob_diff": lp_diff(tokens, [c.logprobs for c in done], plain),
+            "score_diff": max(abs(a.logprob - b.logprob) for c, e in zip(done, echo)
+                              for a, b in zip(c.logprobs, e))}
 
 
 def engine(target, prompts):
@@ -149,15 +165,8 @@ def engine(target, prompts):
     for spec in ("chain", "tree"):
         eng = Engine(target, drafter_of("eagle3", target.config), slots=2, spec=SPECS[spec],
                      max_new_tokens=32, chunk=3, logprobs_k=0)
-        done = eng.generate([Request(p, n, stop_ids=[], id=i, logprobs=0)
-                             for i, (p, n) in enumerate(zip(ps, limits))])
-        tokens = [c.tokens for c in done]
-        # Echo scoring (its own program) of each prompt + output against the decoded logprobs.
-        echo = [eng.score(p + c.tokens)[len(p):] for p, c in zip(ps, done)]
-        out[spec] = {"exact": tokens == plain.tokens,
-                     "logprob_diff": _lp_diff(tokens, [c.logprobs for c in done], plain),
-                     "score_diff": max(abs(a.logprob - b.logprob) for c, e in zip(done, echo)
-                                       for a, b in zip(c.logprobs, e))}
+        r = engine_vs_plain(eng, ps, limits, plain)
+        out[spec] = {"exact": all(k is None for k in r["partings"]), **r}
     return out
 
 
@@ -167,9 +176,9 @@ def main(argv=None) -> int:
     prompts = [c["prompt_token_ids"] for c in cases]
     target = jspec.load_target(stories, quantize="w8a8")
     every = which == ["all"]
-    equal, lp_diff = exact(target, prompts, FAST + (MORE if every else []))
+    equal, diffs = exact(target, prompts, FAST + (MORE if every else []))
     doc = {"invariance": invariance(target, prompts[0], CASES + (MORE_CASES if every else [])),
-           "exact": equal, "logprob_diff": lp_diff, "engine": engine(target, prompts),
+           "exact": equal, "logprob_diff": diffs, "engine": engine(target, prompts),
            "tree_node_diff": tree_node_diff(target)}
     Path(dst).write_text(json.dumps(doc))
     return 0

@@ -21,8 +21,9 @@ from pathlib import Path
 import jspec
 from jspec import messages
 from jspec.drafters.checkpoint import load_drafter
-from jspec.engine import Engine, Request
+from jspec.engine import Engine
 from jspec.spec_config import SpecConfig
+from w8a8_exact import engine_vs_plain  # the same measures as stories260K's engine cases
 
 ROOT = Path(__file__).parents[2]
 HEAD = ROOT / "checkpoints" / "smollm2" / "drafters" / "eagle3-wip"
@@ -41,17 +42,7 @@ def main(argv=None) -> int:
     for name, spec in (("chain", SpecConfig(4, 1, 5)), ("tree", None)):
         eng = Engine(target, drafter, slots=4, spec=spec, max_new_tokens=N, chunk=4,
                      logprobs_k=0, max_len=512)
-        done = eng.generate([Request(p, N, stop_ids=[], id=i, logprobs=0)
-                             for i, p in enumerate(prompts)])
-        partings, lp = [], 0.0
-        for c, toks, lps in zip(done, plain.tokens, plain.logprobs):
-            k = next((i for i, (x, y) in enumerate(zip(c.tokens, toks)) if x != y), None)
-            partings.append(k)
-            lp = max([lp] + [abs(a.logprob - b.logprob)
-                             for a, b in list(zip(c.logprobs, lps))[:k]])
-        echo = max(abs(a.logprob - b.logprob) for p, c in zip(prompts, done)
-                   for a, b in zip(c.logprobs, eng.score(p + c.tokens)[len(p):]))
-        doc[name] = {"partings": partings, "logprob_diff": lp, "score_diff": echo}
+        doc[name] = engine_vs_plain(eng, prompts, [N] * len(prompts), plain)
     Path(dst).write_text(json.dumps(doc))
     print(json.dumps(doc))
     return 0
