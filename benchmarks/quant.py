@@ -29,7 +29,8 @@ import numpy as np
 
 from jspec.bench.registry import Command, run_module
 
-MODES = ("fp32", "bf16", "int8", "w8a8", "fp8")
+# int8/32: int8 weights with one scale per 32 inputs (GGUF Q8_0's blocks).
+MODES = ("fp32", "bf16", "int8", "int8/32", "w8a8", "fp8")
 
 
 def add_args(s) -> None:
@@ -47,13 +48,16 @@ def add_args(s) -> None:
     s.add_argument("--repeats", type=int, default=2)
 
 
-def _load(path, mode):
+def load_mode(path, mode):
+    """A target in one of :data:`MODES`, its load seconds and its serving weights' bytes."""
     import jspec
     t0 = time.perf_counter()
     if mode in ("fp32", "bf16"):
         t = jspec.load_target(path, dtype="float32" if mode == "fp32" else "bfloat16")
     else:
-        t = jspec.load_target(path, quantize=mode)
+        from jspec.quant import QuantConfig
+        q = QuantConfig("int8", tile=32) if mode == "int8/32" else mode
+        t = jspec.load_target(path, quantize=q)
     params = t.serving_params
     jax.block_until_ready(params)
     nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
@@ -214,9 +218,9 @@ def main(a) -> None:
     path = resolve_model(a.model)
     convs = json.loads(Path(a.prompts).read_text())[:a.limit]
     modes = [m.strip() for m in a.modes.split(",")]
-    loaded = {m: _load(path, m) for m in modes}
+    loaded = {m: load_mode(path, m) for m in modes}
     targets = {m: v[0] for m, v in loaded.items()}
-    base = targets.get("fp32") or _load(path, "fp32")[0]
+    base = targets.get("fp32") or load_mode(path, "fp32")[0]
     prompts = [messages.render(base, c) for c in convs]
     drafter = None
     if a.drafter:

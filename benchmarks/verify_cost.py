@@ -24,6 +24,8 @@ def add_args(s) -> None:
     s.add_argument("--nodes", type=int, nargs="+", default=list(NODES))
     s.add_argument("--context", type=int, default=256, help="KV prefix positions")
     s.add_argument("--repeats", type=int, default=10)
+    s.add_argument("--modes", nargs="+", default=["fp32"],
+                   help="weight modes (benchmarks.quant.MODES: fp32 bf16 int8 int8/32 w8a8 fp8)")
 
 
 def curve(target, batches, nodes, context, repeats) -> dict[int, dict]:
@@ -39,26 +41,29 @@ def curve(target, batches, nodes, context, repeats) -> dict[int, dict]:
 
 
 def main(a) -> None:
-    import jspec
+    from benchmarks.products import cpu_name
+    from benchmarks.quant import load_mode
     from jspec.fetch import resolve_model
+    from jspec.quant.product import kernel_status
     from jspec.shipped import default_model
     models = a.model or ["smollm2", "default"]
     rows = []
     for name in models:
         path = default_model() if name == "default" else resolve_model(name)
-        target = jspec.load_target(path)
-        cfg = target.config
-        label = f"{name} ({cfg.num_layers}L, hidden {cfg.hidden_size})"
-        for b, r in curve(target, a.batch, a.nodes, a.context, a.repeats).items():
-            rows.append((label, b, r))
-        del target
+        for mode in a.modes:
+            target = load_mode(path, mode)[0]
+            cfg = target.config
+            label = f"{name} {mode} ({cfg.num_layers}L, {cfg.hidden_size})"
+            for b, r in curve(target, a.batch, a.nodes, a.context, a.repeats).items():
+                rows.append((label, b, r))
+            del target
     print(f"t_V(N) / t_1: a verify of N chain nodes against one plain step (context "
-          f"{a.context}, medians of {a.repeats})")
-    head = f"{'target':<28} {'batch':>5} {'t_1 ms':>7} " + " ".join(f"{'N=' + str(n):>6}"
+          f"{a.context}, medians of {a.repeats}); CPU: {cpu_name()}; products: {kernel_status()}")
+    head = f"{'target':<36} {'batch':>5} {'t_1 ms':>7} " + " ".join(f"{'N=' + str(n):>6}"
                                                                    for n in a.nodes)
     print(head)
     for label, b, r in rows:
-        print(f"{label:<28} {b:>5} {r['t_1 ms']:>7.2f} " + " ".join(f"{r[n]:>6.2f}"
+        print(f"{label:<36} {b:>5} {r['t_1 ms']:>7.2f} " + " ".join(f"{r[n]:>6.2f}"
                                                                    for n in a.nodes))
 
 

@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding
 
 from jspec.config import LlamaConfig
 from jspec.platform import target_platform
+from jspec.quant.product import cpu_rows
 from jspec.quant.qweight import is_qweight, quantized_linear
 from jspec.sharding import logical_spec
 
@@ -187,9 +188,17 @@ def linear(x, w, precision=None):
     more than :data:`CPU_FEW_TOKENS` tokens, and other backends: one plain contraction (the
     barrier and transpose only add kernels; measured: they made the 3.4M-parameter default
     model's plain decode step 2x slower). A quantized weight (:mod:`jspec.quant`) takes
-    qwix's product instead."""
+    qwix's product instead.
+
+    First of all, on one CPU device and for at most 64 token rows, the few-row CPU kernel
+    takes the product where it applies (:func:`jspec.quant.product.cpu_rows`: the weight read
+    once, as stored, for every row; a row's result independent of the others); the forms
+    below are what remains: other backends, prefill-sized blocks, and CPUs without it."""
     if is_qweight(w):
         return quantized_linear(x, w, precision)
+    y = cpu_rows(x, w)                      # the few-row CPU kernel, where it applies
+    if y is not None:
+        return y
     lead, k = x.shape[:-1], x.shape[-1]
     out = w.shape[:-1]
     m = math.prod(lead)

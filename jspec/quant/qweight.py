@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import qwix
 
 from jspec.invariant_ops import plain_max, plain_sum
+from jspec.quant.product import cpu_rows
 
 
 @jax.tree_util.register_dataclass
@@ -82,6 +83,12 @@ def quantized_linear(x, w: QWeight, precision=None):
         x2 = (x2.astype(jnp.float32) * w.in_scale.astype(jnp.float32)).astype(x.dtype)
     lhs = x2 if w.act is None else quantize_rows(x2, jnp.dtype(w.act))
     dims = (((1,), (w.ndim - 1,)), ((), ()))
+    if w.act is None and w.q.zero_point is None:
+        # int8 weight-only, per channel or per block: the few-row CPU kernel where it
+        # applies (jspec.quant.product), the weight read as stored.
+        y = cpu_rows(x2, w.q.qvalue, w.q.scale)
+        if y is not None:
+            return y.astype(x.dtype).reshape(lead + w.shape[:-1])
     if w.act is None and w.q.scale.shape[-1] == 1 and w.q.zero_point is None:
         # One scale per output channel: scale the product, not the weight. Dequantizing
         # the weight first is what XLA:GPU does not fuse into the matmul (it writes a bf16

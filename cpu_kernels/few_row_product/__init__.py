@@ -1,0 +1,93 @@
+"""The few-row weight product on XLA:CPU: ``y[M, N] = x[M, K] . W[N, K]^T`` as an XLA FFI
+custom call (``product.cc``), for float32, bfloat16 and int8 weights (int8 with one scale per
+output row or per block of 16k inputs), and its jnp reference (``reference.py``).
+
+The shared library is built when jspec is installed (``setup.py``); :func:`available` is False
+where it was not built, could not be loaded, or the CPU lacks AVX-512 (F, BW, VL), and callers
+then use XLA's own product (:mod:`jspec.quant.product` makes that choice).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cpu_kernels.few_row_product.reference import rows_product_ref
+
+__all__ = ["available", "rows_product", "rows_product_ref", "library_path", "supports"]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_TARGETS = {"float32": "jspec_rows_f32", "bfloat16": "jspec_rows_bf16", "int8": "jspec_rows_i8"}
+# JSPEC_CPU_KERNELS=0 turns the kernels off (XLA's products everywhere): for A/B timing and
+# as an escape hatch.
+ENV = "JSPEC_CPU_KERNELS"
+
+
+def library_path() -> str | None:
+    """The built shared library: ``_product*.so`` beside this file (the build names it with
+    Python's extension suffix)."""
+    found = sorted(glob.glob(os.path.join(_HERE, "_product*.so")))
+    return found[0] if found else None
+
+
+@functools.cache
+def _load() -> str | None:
+    """Loads and registers the kernels once; returns why not, or None when they are ready."""
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off"):
+        return f"{ENV}=0"
+    path = library_path()
+    if path is None:
+        return "not built (reinstall jspec with a C++ compiler present)"
+    try:
+        lib = ctypes.cdll.LoadLibrary(path)
+    except OSError as e:
+        return f"could not load {path}: {e}"
+    if not lib.jspec_rows_supported():
+        return "this CPU lacks AVX-512 F/BW/VL"
+    for target in _TARGETS.values():
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, target)),
+                                    platform="cpu")
+    return None
+
+
+def available() -> bool:
+    return _load() is None
+
+
+def unavailable_reason() -> str | None:
+    return _load()
+
+
+def supports(w_dtype, k: int, scale_shape=None) -> bool:
+    """Whether the kernel takes a weight of this dtype (and int8 scales of this shape)."""
+    name = jnp.dtype(w_dtype).name
+    if name not in _TARGETS or (name == "int8") != (scale_shape is not None):
+        return False
+    if scale_shape is not None:
+        nb = scale_shape[-1]
+        return nb >= 1 and k % nb == 0 and (nb == 1 or (k // nb) % 16 == 0)
+    return True
+
+
+def rows_product(x, w, scale=None):
+    """``x [M, K]`` times ``w [N, K]`` -> ``[M, N]`` float32 through the kernel (the caller
+    checks :func:`available` and :func:`supports`). ``x`` is read as float32; ``scale`` (int8
+    weights only) as float32 ``[N, 1]`` or ``[N, K / B]``."""
+    why = _load()
+    if why is not None:
+        raise RuntimeError(f"the few-row CPU product is unavailable: {why}")
+    M, K = x.shape
+    N = w.shape[0]
+    args = [x.astype(jnp.float32), w]
+    if scale is not None:
+        args.append(scale.astype(jnp.float32))
+    call = jax.ffi.ffi_call(_TARGETS[jnp.dtype(w.dtype).name],
+                            jax.ShapeDtypeStruct((M, N), jnp.float32),
+                            vmap_method="sequential")
+    return call(*args)
