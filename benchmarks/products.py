@@ -27,7 +27,7 @@ from jspec.bench.registry import Command, run_module
 # SmolLM2-135M's products as (inputs, outputs): q/k/v fused (576 -> 960), o (576 -> 576),
 # gate/up fused (576 -> 3072), down (1536 -> 576), k or v alone (576 -> 192), the LM head.
 SHAPES = ((576, 1536), (1536, 576), (576, 192), (576, 49152))
-DTYPES = ("float32", "bfloat16", "int8", "int8/32")
+DTYPES = ("float32", "bfloat16", "int8", "int8/32", "w8a8")
 ROWS = (1, 2, 4, 8, 16, 32)
 
 
@@ -53,14 +53,16 @@ def cpu_name() -> str:
 
 def make_weight(dtype: str, k: int, n: int, seed: int):
     """An output-major weight ``[n, k]`` as the model holds it: a float array, or a
-    :class:`jspec.quant.QWeight` (``int8``: one scale per output; ``int8/32``: per 32 inputs)."""
+    :class:`jspec.quant.QWeight` (``int8``: one scale per output; ``int8/32``: per 32 inputs;
+    ``w8a8``: per output, the activations quantized per row inside the product)."""
     import jax.numpy as jnp
     from jspec.quant import QuantConfig, quantize_weight
     w = jnp.asarray(np.random.default_rng(seed).standard_normal((n, k), np.float32) * 0.05)
     if dtype in ("float32", "bfloat16"):
         return w.astype(dtype)
-    return quantize_weight(w, QuantConfig("int8", tile=32 if dtype == "int8/32" else None),
-                           jnp.float32)
+    qc = {"int8": QuantConfig("int8"), "int8/32": QuantConfig("int8", tile=32),
+          "w8a8": QuantConfig("w8a8")}[dtype]
+    return quantize_weight(w, qc, jnp.float32)
 
 
 def nbytes(w) -> int:

@@ -29,8 +29,10 @@ import numpy as np
 
 from jspec.bench.registry import Command, run_module
 
-# int8/32: int8 weights with one scale per 32 inputs (GGUF Q8_0's blocks).
-MODES = ("fp32", "bf16", "int8", "int8/32", "w8a8", "fp8")
+# bf16: load_target(dtype="bfloat16") (weights and activations); bf16w: quantize="bf16" (bf16
+# weights, fp32 activations); int8/32: int8 weights with one scale per 32 inputs (GGUF Q8_0's
+# blocks); int8+head: int8 with the LM head quantized too (QuantConfig(lm_head=True)).
+MODES = ("fp32", "bf16", "bf16w", "int8", "int8/32", "int8+head", "w8a8", "fp8")
 
 
 def add_args(s) -> None:
@@ -56,7 +58,8 @@ def load_mode(path, mode):
         t = jspec.load_target(path, dtype="float32" if mode == "fp32" else "bfloat16")
     else:
         from jspec.quant import QuantConfig
-        q = QuantConfig("int8", tile=32) if mode == "int8/32" else mode
+        q = {"bf16w": QuantConfig("bf16"), "int8/32": QuantConfig("int8", tile=32),
+             "int8+head": QuantConfig("int8", lm_head=True)}.get(mode, mode)
         t = jspec.load_target(path, quantize=q)
     params = t.serving_params
     jax.block_until_ready(params)

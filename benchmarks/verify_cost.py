@@ -40,6 +40,23 @@ def curve(target, batches, nodes, context, repeats) -> dict[int, dict]:
     return out
 
 
+def row_drift(target, context: int, nodes) -> dict[int, float]:
+    """Per N: the largest |logit| difference between the first row of a causal N-token verify
+    block and the 1-token step of the same token at the same position over the same cache
+    (0.0: the verify row computes its step's logits bit for bit)."""
+    import jax.numpy as jnp
+    import numpy as np
+    from jspec.bench import common
+    cfg, params = target.config, target.serving_params
+    step = common.step_fn(cfg)
+    toks = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (1, max(nodes))),
+                       jnp.int32)
+    run = lambda n: np.asarray(step(params, toks[:, :n], context + jnp.arange(n)[None],
+                                    common.make_cache(cfg, 1, context, n))[0][0, 0])
+    one = run(1)
+    return {n: float(np.abs(run(n) - one).max()) for n in nodes}
+
+
 def main(a) -> None:
     from benchmarks.products import cpu_name
     from benchmarks.quant import load_mode
@@ -47,7 +64,7 @@ def main(a) -> None:
     from jspec.quant.product import kernel_status
     from jspec.shipped import default_model
     models = a.model or ["smollm2", "default"]
-    rows = []
+    rows, drift = [], []
     for name in models:
         path = default_model() if name == "default" else resolve_model(name)
         for mode in a.modes:
@@ -56,6 +73,7 @@ def main(a) -> None:
             label = f"{name} {mode} ({cfg.num_layers}L, {cfg.hidden_size})"
             for b, r in curve(target, a.batch, a.nodes, a.context, a.repeats).items():
                 rows.append((label, b, r))
+            drift.append((label, row_drift(target, a.context, a.nodes)))
             del target
     print(f"t_V(N) / t_1: a verify of N chain nodes against one plain step (context "
           f"{a.context}, medians of {a.repeats}); CPU: {cpu_name()}; products: {kernel_status()}")
@@ -65,6 +83,11 @@ def main(a) -> None:
     for label, b, r in rows:
         print(f"{label:<36} {b:>5} {r['t_1 ms']:>7.2f} " + " ".join(f"{r[n]:>6.2f}"
                                                                    for n in a.nodes))
+    print("\nmax |logit| difference, the first row of a causal N-token verify against its "
+          "1-token step (batch 1)")
+    for label, d in drift:
+        print(f"{label:<36} {'':>5} {'':>7} " + " ".join(f"{d[n]:>6.0e}" if d[n] else
+                                                        f"{'0':>6}" for n in a.nodes))
 
 
 COMMAND = Command("verify-cost", "t_V(N)/t_1 for N = 2..64 at batch 1 and 8: where verifying "

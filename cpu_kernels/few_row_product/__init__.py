@@ -1,6 +1,8 @@
 """The few-row weight product on XLA:CPU: ``y[M, N] = x[M, K] . W[N, K]^T`` as an XLA FFI
 custom call (``product.cc``), for float32, bfloat16 and int8 weights (int8 with one scale per
-output row or per block of 16k inputs), and its jnp reference (``reference.py``).
+output row or per block of 16k inputs), and W8A8 (int8 activations with one scale per row
+times int8 weights with one scale per output row, on AVX-512 VNNI); their jnp references
+(``reference.py``).
 
 The shared library is built when jspec is installed (``setup.py``); :func:`available` is False
 where it was not built, could not be loaded, or the CPU lacks AVX-512 (F, BW, VL), and callers
@@ -18,12 +20,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cpu_kernels.few_row_product.reference import rows_product_ref
+from cpu_kernels.few_row_product.reference import rows_product_ref, w8a8_product_ref
 
-__all__ = ["available", "rows_product", "rows_product_ref", "library_path", "supports"]
+__all__ = ["available", "available_w8a8", "rows_product", "rows_product_ref", "library_path",
+           "supports", "w8a8_product", "w8a8_product_ref"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _TARGETS = {"float32": "jspec_rows_f32", "bfloat16": "jspec_rows_bf16", "int8": "jspec_rows_i8"}
+_W8A8 = "jspec_rows_i8i8"
+_VNNI: list = []             # [True] once the W8A8 kernel is registered (the CPU has VNNI)
 # JSPEC_CPU_KERNELS=0 turns the kernels off (XLA's products everywhere): for A/B timing and
 # as an escape hatch.
 ENV = "JSPEC_CPU_KERNELS"
@@ -48,11 +53,18 @@ def _load() -> str | None:
         lib = ctypes.cdll.LoadLibrary(path)
     except OSError as e:
         return f"could not load {path}: {e}"
-    if not lib.jspec_rows_supported():
-        return "this CPU lacks AVX-512 F/BW/VL"
-    for target in _TARGETS.values():
-        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, target)),
-                                    platform="cpu")
+    try:
+        if not lib.jspec_rows_supported():
+            return "this CPU lacks AVX-512 F/BW/VL"
+        symbols = {t: getattr(lib, t) for t in (*_TARGETS.values(), _W8A8)}
+        vnni = bool(lib.jspec_rows_vnni_supported())
+    except AttributeError as e:            # a library built from an older product.cc
+        return f"{path} is stale ({e}): reinstall jspec"
+    for target, fn in symbols.items():
+        if target != _W8A8 or vnni:
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform="cpu")
+    if vnni:
+        _VNNI.append(True)
     return None
 
 
@@ -62,6 +74,11 @@ def available() -> bool:
 
 def unavailable_reason() -> str | None:
     return _load()
+
+
+def available_w8a8() -> bool:
+    """The W8A8 kernel too (AVX-512 VNNI)."""
+    return _load() is None and bool(_VNNI)
 
 
 def supports(w_dtype, k: int, scale_shape=None) -> bool:
@@ -91,3 +108,17 @@ def rows_product(x, w, scale=None):
                             jax.ShapeDtypeStruct((M, N), jnp.float32),
                             vmap_method="sequential")
     return call(*args)
+
+
+def w8a8_product(xq, xscale, wq, wscale):
+    """int8 ``xq [M, K]`` (one float32 scale a row, ``xscale [M, 1]``) times int8 ``wq [N, K]``
+    (``wscale [N, 1]``) -> ``[M, N]`` float32: the int32 sum, then ``(sum * xscale) * wscale``
+    (the caller checks :func:`available_w8a8`)."""
+    if not available_w8a8():
+        raise RuntimeError("the W8A8 CPU product is unavailable: "
+                           f"{_load() or 'this CPU lacks AVX-512 VNNI'}")
+    M, N = xq.shape[0], wq.shape[0]
+    call = jax.ffi.ffi_call(_W8A8, jax.ShapeDtypeStruct((M, N), jnp.float32),
+                            vmap_method="sequential")
+    return call(xq, xscale.astype(jnp.float32).reshape(M, 1), wq,
+                wscale.astype(jnp.float32).reshape(N, 1))

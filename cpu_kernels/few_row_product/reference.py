@@ -24,3 +24,12 @@ def rows_product_ref(x, w, scale=None):
     part = jnp.einsum("mbk,nbk->mnb", x.reshape(-1, nb, K // nb), wf.reshape(N, nb, K // nb),
                       precision=hi)
     return jnp.sum(part * scale.astype(jnp.float32)[None], -1)
+
+
+def w8a8_product_ref(xq, xscale, wq, wscale):
+    """int8 ``xq [M, K]`` times int8 ``wq [N, K]`` summed in int32, then scaled as qwix's
+    product scales it: ``(float(sum) * xscale[m]) * wscale[n]`` (bit for bit the kernel's)."""
+    acc = jax.lax.dot_general(xq, wq, (((1,), (1,)), ((), ())),
+                              preferred_element_type=jnp.int32)
+    return (acc.astype(jnp.float32) * xscale.astype(jnp.float32).reshape(-1, 1)) * \
+        wscale.astype(jnp.float32).reshape(1, -1)

@@ -9,7 +9,10 @@ import dataclasses
 # w8a8: int8 weights and int8 activations with one dynamic scale per token (integer
 #       accumulation; per-token scales keep every row's result independent of the others).
 # fp8:  float8 e4m3 weights (native products on H100/H200; storage-only on TPUs before v7).
-MODES = ("int8", "w8a8", "fp8")
+# bf16: bfloat16 weights, activations in the model's dtype (float32): half fp32's bytes, read
+#       as stored by the few-row CPU kernel (jspec.quant.product). Unlike load_target(dtype=
+#       "bfloat16"), nothing else runs in bf16 (XLA:CPU converts bf16 ops one by one).
+MODES = ("int8", "w8a8", "fp8", "bf16")
 
 
 class QuantizeError(ValueError):
@@ -31,6 +34,8 @@ class QuantConfig:
             raise QuantizeError(f"quantize={self.mode!r}: expected one of {', '.join(MODES)}")
         if self.tile is not None and (not isinstance(self.tile, int) or self.tile < 1):
             raise QuantizeError(f"quantize tile={self.tile!r}: expected a positive integer")
+        if self.mode == "bf16" and self.tile is not None:
+            raise QuantizeError("quantize='bf16' has no scales to tile (tile must be None)")
 
     @property
     def activations(self) -> bool:

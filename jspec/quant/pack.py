@@ -29,6 +29,10 @@ def quantize_weight(w, qc: QuantConfig, scale_dtype, in_scale=None) -> QWeight:
     scale per output channel (and per ``qc.tile`` inputs when tiled). Scales are held in
     the model's compute dtype: a weight-only product then dequantizes straight into it."""
     check_tile(qc, w.shape[-1], f"a weight of shape {tuple(w.shape)}")
+    if qc.mode == "bf16":
+        # Rounded to bf16, scales of one (the per-channel product's shape, exact).
+        ones = jnp.ones(w.shape[:-1] + (1,), scale_dtype)
+        return QWeight(qwix.QArray(w.astype(jnp.bfloat16), ones, None, jnp.bfloat16), in_scale)
     tiled = {w.ndim - 1: qc.tile} if qc.tile else None
     q = qwix.quantize(w.astype(jnp.float32), qtype_of(qc.mode),
                       channelwise_axes=tuple(range(w.ndim - 1)), tiled_axes=tiled,
@@ -74,7 +78,8 @@ def mode_of(params) -> str | None:
         if is_qweight(x):
             if x.act is not None:
                 return "w8a8"
-            return "fp8" if jnp.dtype(x.q.qvalue.dtype) == jnp.float8_e4m3fn else "int8"
+            return {"float8_e4m3fn": "fp8", "bfloat16": "bf16"}.get(
+                jnp.dtype(x.q.qvalue.dtype).name, "int8")
     return None
 
 

@@ -26,9 +26,13 @@ The kernel is used when all of these hold, and XLA's product otherwise:
   partitioner gather a sharded weight whole for the custom call);
 - the kernel was built at install and this CPU has AVX-512 (F, BW, VL);
   ``JSPEC_CPU_KERNELS=0`` turns it off;
-- the weight is float32, bfloat16, or int8 weight-only with one scale per output channel
-  or per block of a multiple of 16 inputs (a GGUF's Q8_0/Q4_0 blocks, ``tile=32``); fp8 and
-  W8A8 keep XLA's product.
+- the weight is bfloat16, or int8 weight-only with one scale per output channel or per
+  block of a multiple of 16 inputs (a GGUF's Q8_0/Q4_0 blocks, ``tile=32``). fp32 weights
+  keep XLA's product (faster for one row, and a verify of 8 rows cost the same either way;
+  the numbers are in :func:`cpu_rows`); fp8 keeps XLA's product too;
+- W8A8 with one weight scale per output channel takes the kernel's VNNI product at any
+  number of rows (:func:`cpu_w8a8`, bit for bit qwix's); W8A8 with tiled weight scales (a
+  GGUF's blocks) keeps XLA's.
 """
 
 from __future__ import annotations
@@ -123,11 +127,44 @@ def cpu_rows(x, w, scale=None):
     m = math.prod(lead)
     if not _applies(m):
         return None
+    if jnp.dtype(w.dtype) == jnp.float32:
+        # fp32 weights keep XLA's products: its one-row loop streamed SmolLM2's fp32 step at
+        # 27.1 ms against the kernel's 35.5, and an 8-token verify cost 44 ms either way
+        # (`bench verify-cost`, docs/performance.md). The kernel's gain is in reading a
+        # weight as stored, which fp32 weights do not need.
+        return None
     kern = _kernels()
     n = math.prod(out)
     s2 = None if scale is None else scale.reshape(n, scale.shape[-1])
+    # A float weight with one scale per output (quantize="bf16": scales of one) is multiplied
+    # as it is and the output scaled here.
+    after = None
+    if s2 is not None and s2.shape[-1] == 1 and jnp.issubdtype(w.dtype, jnp.floating):
+        after, s2 = s2[:, 0].astype(jnp.float32), None
     if not kern.supports(w.dtype, k, None if s2 is None else s2.shape):
         return None
     x2, w2 = x.reshape(m, k), w.reshape(n, k)
     y = _float_rows(x2, w2) if s2 is None else kern.rows_product(x2, w2, s2)
+    if after is not None:
+        y = y * after
     return y.astype(x.dtype).reshape(lead + out)
+
+
+def cpu_w8a8(lhs, w):
+    """W8A8 per output channel through the kernel (AVX-512 VNNI): ``lhs`` the activations as
+    a :class:`qwix.QArray` ``[M, K]`` (int8, one scale a row), ``w`` the weight's QArray
+    ``[out..., K]`` (int8, one scale an output) -> ``[M, out...]`` float32, bit for bit what
+    ``qwix.dot_general`` gives (the int32 sum is exact in any order, and the scales are
+    applied in qwix's order), or None where it does not apply. Any number of rows: XLA's
+    W8A8 product converts the int8 weight to int32 (four times its bytes) at every M."""
+    if (_xla_only.get() or target_platform() != "cpu" or jax.device_count() != 1
+            or _kernels() is None or not _kernels().available_w8a8()
+            or w.scale.shape[-1] != 1 or w.zero_point is not None or lhs.zero_point is not None
+            or jnp.dtype(w.qvalue.dtype) != jnp.int8 or jnp.dtype(lhs.qvalue.dtype) != jnp.int8):
+        return None
+    out = w.qvalue.shape[:-1]
+    k = w.qvalue.shape[-1]
+    n = math.prod(out)
+    y = _kernels().w8a8_product(lhs.qvalue, lhs.scale, w.qvalue.reshape(n, k),
+                                w.scale.reshape(n, 1))
+    return y.reshape((lhs.qvalue.shape[0],) + out)

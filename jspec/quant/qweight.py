@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import qwix
 
 from jspec.invariant_ops import plain_max, plain_sum
-from jspec.quant.product import cpu_rows
+from jspec.quant.product import cpu_rows, cpu_w8a8
 
 
 @jax.tree_util.register_dataclass
@@ -47,7 +47,10 @@ class QWeight:
     def dequantize(self) -> jax.Array:
         """The float weight this one stands for (``in_scale`` folded in): what
         dequantize-then-matmul references compare against."""
-        w = qwix.dequantize(self.q).astype(jnp.float32)
+        if self.q.qvalue.dtype.itemsize > 1:     # quantize="bf16": qwix takes no such values
+            w = self.q.qvalue.astype(jnp.float32) * self.q.scale.astype(jnp.float32)
+        else:
+            w = qwix.dequantize(self.q).astype(jnp.float32)
         return w if self.in_scale is None else w * self.in_scale.astype(jnp.float32)
 
 
@@ -99,6 +102,10 @@ def quantized_linear(x, w: QWeight, precision=None):
                                 preferred_element_type=jnp.float32)
         return (y * w.q.scale[..., 0].astype(jnp.float32)).astype(x.dtype).reshape(
             lead + w.shape[:-1])
+    if w.act is not None and w.q.scale.shape[-1] == 1:
+        y = cpu_w8a8(lhs, w.q)                   # the VNNI kernel where it applies
+        if y is not None:
+            return y.astype(x.dtype).reshape(lead + w.shape[:-1])
     if w.act is not None and w.q.scale.shape[-1] > 1:
         y = _tiled_integer_product(lhs, w.q)
     else:

@@ -68,3 +68,20 @@ def test_bad_shapes_refused():
     assert not frp.supports(jnp.int8, 32, (8, 4))          # blocks of 8 inputs: not taken
     assert not frp.supports(jnp.float8_e4m3fn, 32)
     assert frp.supports(jnp.int8, 64, (8, 2)) and frp.supports(jnp.bfloat16, 7)
+
+
+@pytest.mark.skipif(not frp.available_w8a8(), reason="no AVX-512 VNNI")
+@pytest.mark.parametrize("n,k", SHAPES + [(24, 200)])
+def test_w8a8_bit_for_bit_and_rows_never_mix(n, k):
+    """The int32 sums are exact and the scales applied in the reference's order, so the
+    kernel equals its reference bit for bit, extremes (-128, 127) included."""
+    rng = np.random.default_rng(k)
+    wq = jnp.asarray(rng.integers(-128, 128, (n, k)), jnp.int8).at[0].set(-128)
+    ws = jnp.asarray(rng.random((n, 1)) + 1e-3, jnp.float32)
+    product = jax.jit(frp.w8a8_product)
+    for m in ROWS:
+        xq = jnp.asarray(rng.integers(-128, 128, (m, k)), jnp.int8).at[-1].set(127)
+        xs = jnp.asarray(rng.random((m, 1)) + 1e-3, jnp.float32)
+        y = np.asarray(product(xq, xs, wq, ws))
+        np.testing.assert_array_equal(y, np.asarray(frp.w8a8_product_ref(xq, xs, wq, ws)))
+        np.testing.assert_array_equal(np.asarray(product(xq[-1:], xs[-1:], wq, ws))[0], y[-1])

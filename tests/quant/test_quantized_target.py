@@ -35,7 +35,7 @@ def stories(stories_dir):
 @pytest.fixture(scope="module")
 def quantized(stories):
     path, _ = stories
-    return {m: load_target(path, quantize=m) for m in ("int8", "w8a8", "fp8")}
+    return {m: load_target(path, quantize=m) for m in ("int8", "w8a8", "fp8", "bf16")}
 
 
 def test_bad_requests_fail_before_any_weight_is_read(tmp_path):
@@ -45,9 +45,11 @@ def test_bad_requests_fail_before_any_weight_is_read(tmp_path):
         QuantConfig("int8", tile=0)
     with pytest.raises(QuantizeError, match="multiple of the tile"):
         quantize_weight(jnp.ones((4, 48)), QuantConfig("int8", tile=32), jnp.float32)
+    with pytest.raises(QuantizeError, match="bf16"):
+        QuantConfig("bf16", tile=32)
 
 
-@pytest.mark.parametrize("mode", ["int8", "w8a8", "fp8"])
+@pytest.mark.parametrize("mode", ["int8", "w8a8", "fp8", "bf16"])
 def test_product_equals_dequantize_then_matmul(mode):
     r = np.random.default_rng(0)
     x = jnp.asarray(r.standard_normal((5, 64)), jnp.float32)
@@ -79,10 +81,11 @@ def test_w8a8_rows_do_not_mix():
 
 def combos():
     for mode, kind, spec, size in itertools.product(
-            ["int8", "fp8"], KINDS,
+            ["int8", "fp8", "bf16"], KINDS,
             SPECS, [1, 4]):
         fast = (mode, kind, spec, size) in {("int8", "eagle3", "tree", 4), ("int8", "ngram", "chain", 1),
-                                            ("fp8", "medusa", "chain", 1), ("int8", "dflash", "chain", 4)}
+                                            ("fp8", "medusa", "chain", 1), ("int8", "dflash", "chain", 4),
+                                            ("bf16", "mtp", "tree", 4)}
         yield pytest.param(mode, kind, spec, size, id=f"{mode}-{kind}-{spec}-{size}",
                            marks=() if fast else (pytest.mark.slow,))
 
