@@ -150,7 +150,7 @@ def shipped_drafters(model: str) -> list[str]:
 
 
 def jspec_modes(target, drafters: Sequence[str], max_new: int,
-                stop: Sequence[int]) -> list[Mode]:
+                stop: Sequence[int], system: str = "jspec") -> list[Mode]:
     """jspec plain and speculative ``generate`` with each ``NAME=SPEC[@S,K,N]`` drafter."""
     import jspec
     from jspec.args import load_drafter_arg
@@ -164,13 +164,13 @@ def jspec_modes(target, drafters: Sequence[str], max_new: int,
             return Out(trim(r.tokens[0], stop, max_new), r.wall_s, st.get("iterations"))
         return run
 
-    modes = [Mode("jspec", "plain", call(), plain=True)]
+    modes = [Mode(system, "plain", call(), plain=True)]
     for text in drafters:
         name, spec_arg, tree = parse_drafter_arg(text)
         d = load_drafter_arg(spec_arg, target)
         spec = "auto" if tree == "auto" else parse_spec(tree) if tree else d.default_spec
         label = spec if isinstance(spec, str) else spec_label(spec) if spec else "default"
-        modes.append(Mode("jspec", f"{name} {label}", call(d, spec)))
+        modes.append(Mode(system, f"{name} {label}", call(d, spec)))
     return modes
 
 
@@ -303,7 +303,8 @@ def measure(modes: Sequence[Mode], prompts: Sequence[tuple], repeats: int,
 def summarize(modes: Sequence[Mode], records: Sequence[dict]) -> list[dict]:
     """One row per mode over all ``records`` (see the module docstring's columns)."""
     plain_of = {m.system: m.key for m in modes if m.plain}
-    jplain = plain_of.get("jspec")
+    # The first jspec system's plain decoding (with --mode, each mode is a system of its own).
+    jplain = next((k for sys_, k in plain_of.items() if sys_.startswith("jspec")), None)
     n = len(records)
     rows = []
     for m in modes:
@@ -383,6 +384,9 @@ def add_args(s) -> None:
     s.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS,
                    help="systems to run (default: all three)")
     s.add_argument("--dtype", default="float32", help="jspec's weight dtype (default float32)")
+    s.add_argument("--mode", action="append", default=None,
+                   help="jspec weight modes instead of --dtype, each its own system row "
+                        "(repeatable; benchmarks.quant.MODES: fp32 bf16w int8 int8/ch+head ...)")
     s.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="llama.cpp and torch threads (default: every core)")
     s.add_argument("--n-ctx", type=int, default=2048, help="llama.cpp context (default 2048; "
@@ -400,7 +404,10 @@ def main(a) -> dict:
         raise SystemExit("--max-new-tokens and --repeats must be >= 1")
     path = str(resolve_model(a.model))
     model_name = a.model if not Path(a.model).exists() else Path(a.model).stem
-    target = jspec.load_target(path, dtype=a.dtype)
+    from benchmarks.quant import load_mode
+    targets = ({f"jspec {m}": load_mode(path, m)[0] for m in a.mode} if a.mode
+               else {"jspec": jspec.load_target(path, dtype=a.dtype)})
+    target = next(iter(targets.values()))
     stop = list(messages.stop_ids(target) or [])
     prompts_file = a.prompts or str(REPO / DEFAULT_PROMPTS.format(model=a.model))
     chosen = pick(load_prompts(prompts_file), a.limit or None, a.category)
@@ -412,7 +419,8 @@ def main(a) -> dict:
 
     notes, modes = [], []
     if "jspec" in a.peers:
-        modes += jspec_modes(target, drafters, a.max_new_tokens, stop)
+        for system, t in targets.items():
+            modes += jspec_modes(t, drafters, a.max_new_tokens, stop, system)
     if "llamacpp" in a.peers:
         n_ctx = max(a.n_ctx, max(len(p[2]) for p in prompts) + a.max_new_tokens + 32)
         try:

@@ -30,9 +30,10 @@ import numpy as np
 from jspec.bench.registry import Command, run_module
 
 # bf16: load_target(dtype="bfloat16") (weights and activations); bf16w: quantize="bf16" (bf16
-# weights, fp32 activations); int8/32: int8 weights with one scale per 32 inputs (GGUF Q8_0's
-# blocks); int8+head: int8 with the LM head quantized too (QuantConfig(lm_head=True)).
-MODES = ("fp32", "bf16", "bf16w", "int8", "int8/32", "int8+head", "w8a8", "fp8")
+# weights, fp32 activations). From a GGUF, int8 and w8a8 keep the file's 32-input blocks
+# (Q4_1 requantized to int8 per 32 inputs); "/ch" quantizes the fp32 weights per output channel
+# instead, "+head" quantizes the LM head too (QuantConfig(lm_head=True)).
+MODES = ("fp32", "bf16", "bf16w", "int8", "int8/ch", "int8/ch+head", "w8a8", "w8a8/ch", "fp8")
 
 
 def add_args(s) -> None:
@@ -57,10 +58,12 @@ def load_mode(path, mode):
     if mode in ("fp32", "bf16"):
         t = jspec.load_target(path, dtype="float32" if mode == "fp32" else "bfloat16")
     else:
+        from jspec.checkpoint.quantize import quantize_target
         from jspec.quant import QuantConfig
-        q = {"bf16w": QuantConfig("bf16"), "int8/32": QuantConfig("int8", tile=32),
-             "int8+head": QuantConfig("int8", lm_head=True)}.get(mode, mode)
-        t = jspec.load_target(path, quantize=q)
+        base, head = mode.removesuffix("+head"), mode.endswith("+head")
+        qc = QuantConfig({"bf16w": "bf16"}.get(base, base.removesuffix("/ch")), lm_head=head)
+        t = (quantize_target(jspec.load_target(path), qc) if base.endswith("/ch")
+             else jspec.load_target(path, quantize=qc))
     params = t.serving_params
     jax.block_until_ready(params)
     nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
