@@ -404,7 +404,8 @@ def main(a) -> dict:
         raise SystemExit("--max-new-tokens and --repeats must be >= 1")
     path = str(resolve_model(a.model))
     model_name = a.model if not Path(a.model).exists() else Path(a.model).stem
-    from benchmarks.quant import load_mode
+    from benchmarks.quant import check_modes, load_mode
+    check_modes(a.mode or [])
     targets = ({f"jspec {m}": load_mode(path, m)[0] for m in a.mode} if a.mode
                else {"jspec": jspec.load_target(path, dtype=a.dtype)})
     target = next(iter(targets.values()))

@@ -89,7 +89,7 @@ def measure(k, n, dtype, rows, repeats, cache_bytes, max_copies) -> dict:
     """Seconds per product, dispatch removed, for each form and row count."""
     import jax
     import jax.numpy as jnp
-    from cpu_kernels.few_row_product import rows_product
+    from cpu_kernels.few_row_product import available as kernel_available, rows_product
     from jspec.quant.product import xla_products
     from jspec.serving_layout import linear
     one = make_weight(dtype, k, n, 0)
@@ -107,8 +107,11 @@ def measure(k, n, dtype, rows, repeats, cache_bytes, max_copies) -> dict:
             xla = jax.jit(prod).lower(x, one).compile()
         # fp32 weights keep XLA's product in the model (jspec.quant.product); the kernel's
         # column times the kernel itself.
-        kern = jax.jit(rows_product if dtype == "float32" else prod).lower(x, one).compile()
-        for form, fn in (("xla", xla), ("kernel", kern)):
+        forms = {"xla": xla}
+        if kernel_available():
+            forms["kernel"] = jax.jit(rows_product if dtype == "float32" else prod).lower(
+                x, one).compile()
+        for form, fn in forms.items():
             out[form, m] = max(time_copies(fn, x, copies, repeats) - overhead, 1e-7)
     return out
 
@@ -132,11 +135,12 @@ def main(a) -> None:
             mb = r["bytes"] / 1e6
             t1 = r.get(("kernel", 1))
             for m in a.rows:
-                tx, tk = r["xla", m], r["kernel", m]
-                rel = f"{tk / t1:9.2f}" if t1 else f"{'':>9}"
+                tx, tk = r["xla", m], r.get(("kernel", m))
+                rel = f"{tk / t1:9.2f}" if tk and t1 else f"{'-':>9}"
+                kern = (f"{tk * 1e3:8.3f} {r['bytes'] / tk / 1e9:6.1f} {tx / tk:6.2f}x {rel}"
+                        if tk else f"{'-':>8} {'-':>6} {'-':>7} {rel}")
                 print(f"{shape:<12} {dtype:<9} {mb:6.2f} {m:4d} {tx * 1e3:8.3f} "
-                      f"{r['bytes'] / tx / 1e9:6.1f} {tk * 1e3:8.3f} {r['bytes'] / tk / 1e9:6.1f} "
-                      f"{tx / tk:6.2f}x {rel}", flush=True)
+                      f"{r['bytes'] / tx / 1e9:6.1f} {kern}", flush=True)
 
 
 COMMAND = Command("products", "every SmolLM2 weight product per dtype and row count: XLA's "

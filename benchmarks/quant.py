@@ -51,9 +51,17 @@ def add_args(s) -> None:
     s.add_argument("--repeats", type=int, default=2)
 
 
+def check_modes(modes) -> None:
+    """Unknown modes fail here, before any weight is read."""
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise SystemExit(f"unknown mode(s) {', '.join(bad)}: expected {', '.join(MODES)}")
+
+
 def load_mode(path, mode):
     """A target in one of :data:`MODES`, its load seconds and its serving weights' bytes."""
     import jspec
+    check_modes([mode])
     t0 = time.perf_counter()
     if mode in ("fp32", "bf16"):
         t = jspec.load_target(path, dtype="float32" if mode == "fp32" else "bfloat16")
@@ -224,6 +232,7 @@ def main(a) -> None:
     path = resolve_model(a.model)
     convs = json.loads(Path(a.prompts).read_text())[:a.limit]
     modes = [m.strip() for m in a.modes.split(",")]
+    check_modes(modes)
     loaded = {m: load_mode(path, m) for m in modes}
     targets = {m: v[0] for m, v in loaded.items()}
     base = targets.get("fp32") or load_mode(path, "fp32")[0]

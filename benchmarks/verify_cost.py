@@ -25,7 +25,8 @@ def add_args(s) -> None:
     s.add_argument("--context", type=int, default=256, help="KV prefix positions")
     s.add_argument("--repeats", type=int, default=10)
     s.add_argument("--modes", nargs="+", default=["fp32"],
-                   help="weight modes (benchmarks.quant.MODES: fp32 bf16 int8 int8/32 w8a8 fp8)")
+                   help="weight modes (benchmarks.quant.MODES: fp32 bf16 bf16w int8 int8/ch "
+                        "int8/ch+head w8a8 w8a8/ch fp8; default fp32)")
 
 
 def curve(target, batches, nodes, context, repeats) -> dict[int, dict]:
@@ -59,10 +60,11 @@ def row_drift(target, context: int, nodes) -> dict[int, float]:
 
 def main(a) -> None:
     from benchmarks.products import cpu_name
-    from benchmarks.quant import load_mode
+    from benchmarks.quant import check_modes, load_mode
     from jspec.fetch import resolve_model
     from jspec.quant.product import kernel_status
     from jspec.shipped import default_model
+    check_modes(a.modes)
     models = a.model or ["smollm2", "default"]
     rows, drift = [], []
     for name in models:

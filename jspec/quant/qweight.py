@@ -87,8 +87,8 @@ def quantized_linear(x, w: QWeight, precision=None):
     lhs = x2 if w.act is None else quantize_rows(x2, jnp.dtype(w.act))
     dims = (((1,), (w.ndim - 1,)), ((), ()))
     if w.act is None and w.q.zero_point is None:
-        # int8 weight-only, per channel or per block: the few-row CPU kernel where it
-        # applies (jspec.quant.product), the weight read as stored.
+        # Weight-only (int8 per channel or per block, bf16): the few-row CPU kernel where
+        # it applies (jspec.quant.product), the weight read as stored.
         y = cpu_rows(x2, w.q.qvalue, w.q.scale)
         if y is not None:
             return y.astype(x.dtype).reshape(lead + w.shape[:-1])
