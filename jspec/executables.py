@@ -7,6 +7,8 @@ compiled quick to load). ``jax.clear_caches`` does not reach these; :func:`clear
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import time
 
@@ -50,3 +52,18 @@ def clear_all() -> None:
     :func:`jspec.platform.target_platform`'s, needs)."""
     jax.clear_caches()
     clear()
+
+
+@contextlib.contextmanager
+def trace_setting(var: contextvars.ContextVar, value):
+    """``var`` set to ``value`` for the programs traced inside (a trace-time choice such as
+    the target platform or the CPU products), with every trace cache cleared on entry and
+    exit: jax's caches are keyed on functions and shapes, not on such settings, so no program
+    traced under one setting is reused under another."""
+    clear_all()
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+        clear_all()

@@ -34,10 +34,5 @@ def building_for(platform: str):
     """
     if platform not in PLATFORMS:
         raise ValueError(f"platform {platform!r}: choose one of {PLATFORMS}")
-    executables.clear_all()
-    token = _target.set(platform)
-    try:
+    with executables.trace_setting(_target, platform):
         yield
-    finally:
-        _target.reset(token)
-        executables.clear_all()

@@ -83,13 +83,8 @@ def xla_products():
     """Trace with XLA's products only (the kernel off), as ``JSPEC_CPU_KERNELS=0`` does for a
     whole process: for timing both side by side in one run. Trace caches are cleared on entry
     and exit, as :func:`jspec.platform.building_for` does, so no program crosses over."""
-    executables.clear_all()
-    token = _xla_only.set(True)
-    try:
+    with executables.trace_setting(_xla_only, True):
         yield
-    finally:
-        _xla_only.reset(token)
-        executables.clear_all()
 
 
 def _on_cpu() -> bool:
