@@ -33,7 +33,8 @@ from jspec.bench.registry import Command, run_module
 # weights, fp32 activations). From a GGUF, int8 and w8a8 keep the file's 32-input blocks
 # (Q4_1 requantized to int8 per 32 inputs); "/ch" quantizes the fp32 weights per output channel
 # instead, "+head" quantizes the LM head too (QuantConfig(lm_head=True)).
-MODES = ("fp32", "bf16", "bf16w", "int8", "int8/ch", "int8/ch+head", "w8a8", "w8a8/ch", "fp8")
+MODES = ("fp32", "bf16", "bf16w", "int8", "int8/ch", "int8/ch+head", "w8a8", "w8a8/ch",
+         "w8a8/ch+head", "fp8")
 
 
 def add_args(s) -> None:

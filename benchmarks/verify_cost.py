@@ -26,7 +26,7 @@ def add_args(s) -> None:
     s.add_argument("--repeats", type=int, default=10)
     s.add_argument("--modes", nargs="+", default=["fp32"],
                    help="weight modes (benchmarks.quant.MODES: fp32 bf16 bf16w int8 int8/ch "
-                        "int8/ch+head w8a8 w8a8/ch fp8; default fp32)")
+                        "int8/ch+head w8a8 w8a8/ch w8a8/ch+head fp8; default fp32)")
 
 
 def curve(target, batches, nodes, context, repeats) -> dict[int, dict]:
