@@ -58,7 +58,7 @@ setup(
         language="c++",
         # The AVX-512 code is confined to functions with a target attribute and chosen at
         # run time (jspec_rows_supported), so the library loads on any x86-64 CPU.
-        extra_compile_args=["-O3", "-std=c++17", "-w"],
+        extra_compile_args=["-O3", "-std=c++17", "-w", "-g0"],
         optional=True,
     )] if __import__("platform").machine() in ("x86_64", "AMD64") else [],
     cmdclass={"build_ext": OptionalBuildExt},
