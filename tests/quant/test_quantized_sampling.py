@@ -1,4 +1,4 @@
-"""Sampling from a quantized (int8) target, plain and speculative, has the quantized
+"""Sampling from a quantized (int8, bf16) target, plain and speculative, has the quantized
 target's own distribution: over the first 3 tokens of a vocabulary-16 target, enumerated
 exactly from its forward, a chi-square test."""
 
@@ -16,9 +16,9 @@ from jspec.spec_config import SpecConfig
 ROWS = 20_000
 
 
-@pytest.fixture(scope="module")
-def target():
-    return quantize_target(sharp_target(), "int8")
+@pytest.fixture(scope="module", params=["int8", "bf16"])
+def target(request):
+    return quantize_target(sharp_target(), request.param)
 
 
 @pytest.fixture(scope="module")
