@@ -18,7 +18,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from cpu_kernels.few_row_product.reference import rows_product_ref, w8a8_product_ref
 
@@ -28,7 +27,6 @@ __all__ = ["available", "available_w8a8", "rows_product", "rows_product_ref", "l
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _TARGETS = {"float32": "jspec_rows_f32", "bfloat16": "jspec_rows_bf16", "int8": "jspec_rows_i8"}
 _W8A8 = "jspec_rows_i8i8"
-_VNNI: list = []             # [True] once the W8A8 kernel is registered (the CPU has VNNI)
 # JSPEC_CPU_KERNELS=0 turns the kernels off (XLA's products everywhere): for A/B timing and
 # as an escape hatch.
 ENV = "JSPEC_CPU_KERNELS"
@@ -42,43 +40,42 @@ def library_path() -> str | None:
 
 
 @functools.cache
-def _load() -> str | None:
-    """Loads and registers the kernels once; returns why not, or None when they are ready."""
+def _load() -> tuple[str | None, bool]:
+    """Loads and registers the kernels once: (why they are unavailable, or None when ready;
+    whether the W8A8 kernel is registered too, the CPU having VNNI)."""
     if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off"):
-        return f"{ENV}=0"
+        return f"{ENV}=0", False
     path = library_path()
     if path is None:
-        return "not built (reinstall jspec with a C++ compiler present)"
+        return "not built (reinstall jspec with a C++ compiler present)", False
     try:
         lib = ctypes.cdll.LoadLibrary(path)
     except OSError as e:
-        return f"could not load {path}: {e}"
+        return f"could not load {path}: {e}", False
     try:
         if not lib.jspec_rows_supported():
-            return "this CPU lacks AVX-512 F/BW/VL"
+            return "this CPU lacks AVX-512 F/BW/VL", False
         symbols = {t: getattr(lib, t) for t in (*_TARGETS.values(), _W8A8)}
         vnni = bool(lib.jspec_rows_vnni_supported())
     except AttributeError as e:            # a library built from an older product.cc
-        return f"{path} is stale ({e}): reinstall jspec"
+        return f"{path} is stale ({e}): reinstall jspec", False
     for target, fn in symbols.items():
         if target != _W8A8 or vnni:
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform="cpu")
-    if vnni:
-        _VNNI.append(True)
-    return None
+    return None, vnni
 
 
 def available() -> bool:
-    return _load() is None
+    return _load()[0] is None
 
 
 def unavailable_reason() -> str | None:
-    return _load()
+    return _load()[0]
 
 
 def available_w8a8() -> bool:
     """The W8A8 kernel too (AVX-512 VNNI)."""
-    return _load() is None and bool(_VNNI)
+    return _load()[1]
 
 
 def supports(w_dtype, k: int, scale_shape=None) -> bool:
@@ -96,7 +93,7 @@ def rows_product(x, w, scale=None):
     """``x [M, K]`` times ``w [N, K]`` -> ``[M, N]`` float32 through the kernel (the caller
     checks :func:`available` and :func:`supports`). ``x`` is read as float32; ``scale`` (int8
     weights only) as float32 ``[N, 1]`` or ``[N, K / B]``."""
-    why = _load()
+    why = unavailable_reason()
     if why is not None:
         raise RuntimeError(f"the few-row CPU product is unavailable: {why}")
     M, K = x.shape
@@ -116,7 +113,7 @@ def w8a8_product(xq, xscale, wq, wscale):
     (the caller checks :func:`available_w8a8`)."""
     if not available_w8a8():
         raise RuntimeError("the W8A8 CPU product is unavailable: "
-                           f"{_load() or 'this CPU lacks AVX-512 VNNI'}")
+                           f"{unavailable_reason() or 'this CPU lacks AVX-512 VNNI'}")
     M, N = xq.shape[0], wq.shape[0]
     call = jax.ffi.ffi_call(_W8A8, jax.ShapeDtypeStruct((M, N), jnp.float32),
                             vmap_method="sequential")

@@ -158,7 +158,8 @@ def cpu_w8a8(lhs, w):
     ``qwix.dot_general`` gives (the int32 sum is exact in any order, and the scales are
     applied in qwix's order), or None where it does not apply. Any number of rows: XLA's
     W8A8 product converts the int8 weight to int32 (four times its bytes) at every M."""
-    if (not _on_cpu() or not _kernels().available_w8a8() or w.scale.shape[-1] != 1 or w.zero_point is not None or lhs.zero_point is not None
+    if (not _on_cpu() or not _kernels().available_w8a8() or w.scale.shape[-1] != 1
+            or w.zero_point is not None or lhs.zero_point is not None
             or jnp.dtype(w.qvalue.dtype) != jnp.int8 or jnp.dtype(lhs.qvalue.dtype) != jnp.int8):
         return None
     out = w.qvalue.shape[:-1]
